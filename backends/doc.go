@@ -1,0 +1,42 @@
+// Package backends defines the store contract behind the idempotency
+// middleware: the [Store] interface, the values it trades in ([Lease],
+// [AcquireResult], [Record]) and the sentinel errors every store returns.
+//
+// Each store lives in its own package below this one (memstore, redisstore,
+// pgstore) and proves itself against the shared conformance suite in
+// backends/storetest. A third-party store can run the same suite.
+//
+// # The record
+//
+// A store keeps one record per key. The record is either in progress (a
+// processing lease is held by an owner until the lease expires), released
+// (free, but kept so its fencing token keeps counting up), or completed
+// (the work is done; the record is kept for a retention period together
+// with the handler's stored output).
+//
+// # Rules every store follows
+//
+//   - Acquire is one atomic step on the server: never read-then-write from
+//     the client. Exactly one of any number of concurrent callers for a free
+//     key gets [OutcomeAcquired].
+//   - Acquire is re-entrant: the owner that already holds the lease gets the
+//     same lease back (same fencing token), with its expiry extended. This is
+//     what makes retrying an Acquire after an ambiguous timeout safe.
+//   - The fencing token is strictly increasing per key: every acquisition,
+//     including the takeover of an expired lease and an acquisition after a
+//     release, gets a larger token than any before it, for as long as the
+//     record exists.
+//   - Renew, Complete and Release act only for the lease's owner with the
+//     lease's fencing token, and only while the record is still in progress
+//     under that lease; otherwise they return [ErrLeaseLost] and change
+//     nothing. A lease whose expiry has passed but that nobody has taken over
+//     is still the owner's to renew, complete or release.
+//   - Time comes from the store's server (or, for the in-memory store, an
+//     injectable clock), never from the caller's wall clock.
+//   - An expired lease is taken over atomically by the next Acquire, and an
+//     expired completed record is gone for good; correctness never depends
+//     on a cleanup job having run.
+//   - Keys are opaque byte strings: a store must accept any bytes (quotes,
+//     spaces, unicode, NUL) or reject them with a clear error, and never
+//     splice them into script or query text.
+package backends

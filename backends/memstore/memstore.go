@@ -1,0 +1,289 @@
+package memstore
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"time"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
+
+var _ backends.Store = (*Store)(nil)
+
+// Options configures a [Store]. The zero value is ready to use.
+type Options struct {
+	// Now returns the store's current time. Defaults to [time.Now].
+	Now func() time.Time
+	// PruneInterval is the least time between two sweeps that remove
+	// records past their retention. Non-positive values mean the default.
+	// Defaults to one minute.
+	PruneInterval time.Duration
+}
+
+// Store is an in-memory [backends.Store]. Create it with [New].
+type Store struct {
+	now           func() time.Time
+	pruneInterval time.Duration
+
+	mu        sync.Mutex
+	records   map[string]*record
+	lastPrune time.Time
+}
+
+type state uint8
+
+const (
+	stateInProgress state = iota + 1
+	stateReleased
+	stateCompleted
+)
+
+type record struct {
+	state        state
+	owner        string
+	token        int64
+	attempt      int
+	leaseExpires time.Time
+	retention    time.Duration
+	completedAt  time.Time
+	forgetAt     time.Time
+	fingerprint  []byte
+	output       []byte
+}
+
+// New returns an empty store.
+func New(opts Options) *Store {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.PruneInterval <= 0 {
+		opts.PruneInterval = time.Minute
+	}
+	return &Store{
+		now:           opts.Now,
+		pruneInterval: opts.PruneInterval,
+		records:       make(map[string]*record),
+		lastPrune:     opts.Now(),
+	}
+}
+
+// Len returns how many records the store holds, including records past
+// their retention that the next sweep will remove.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.records)
+}
+
+// live returns the key's record unless it is absent or past its retention.
+// The caller holds s.mu.
+func (s *Store) live(key string, now time.Time) *record {
+	r := s.records[key]
+	if r == nil {
+		return nil
+	}
+	if !now.Before(r.forgetAt) {
+		delete(s.records, key)
+		return nil
+	}
+	return r
+}
+
+// pruneLocked removes every record past its retention, at most once per
+// prune interval. The caller holds s.mu.
+func (s *Store) pruneLocked(now time.Time) {
+	if now.Sub(s.lastPrune) < s.pruneInterval {
+		return
+	}
+	s.lastPrune = now
+	for k, r := range s.records {
+		if !now.Before(r.forgetAt) {
+			delete(s.records, k)
+		}
+	}
+}
+
+// Acquire implements [backends.Store].
+func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
+	if err := req.Validate(); err != nil {
+		return backends.AcquireResult{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return backends.AcquireResult{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.pruneLocked(now)
+
+	r := s.live(req.Key, now)
+	if r == nil {
+		r = &record{fingerprint: bytes.Clone(req.Fingerprint)}
+		s.records[req.Key] = r
+	}
+	if r.fingerprint == nil && req.Fingerprint != nil {
+		r.fingerprint = bytes.Clone(req.Fingerprint)
+	}
+	res := backends.AcquireResult{Fingerprint: bytes.Clone(r.fingerprint)}
+
+	var reentrant, takeover bool
+	switch {
+	case r.state == stateCompleted:
+		res.Outcome = backends.OutcomeCompleted
+		res.CompletedAt = r.completedAt
+		res.Output = bytes.Clone(r.output)
+		return res, nil
+	case r.state == stateInProgress && r.owner == req.Owner:
+		reentrant = true
+	case r.state == stateInProgress && now.Before(r.leaseExpires):
+		res.Outcome = backends.OutcomeInProgress
+		res.Remaining = r.leaseExpires.Sub(now)
+		return res, nil
+	case r.state == stateInProgress:
+		takeover = true
+	}
+	if !reentrant {
+		r.token++
+		r.attempt++
+		r.owner = req.Owner
+	}
+	r.state = stateInProgress
+	r.retention = req.Retention
+	r.leaseExpires = now.Add(req.LeaseTTL)
+	r.forgetAt = r.leaseExpires.Add(r.retention)
+
+	res.Outcome = backends.OutcomeAcquired
+	res.Lease = backends.Lease{
+		Key:       req.Key,
+		Owner:     r.owner,
+		Token:     r.token,
+		Attempt:   r.attempt,
+		Takeover:  takeover,
+		Reentrant: reentrant,
+	}
+	return res, nil
+}
+
+// held returns the lease's record if the lease still holds it. The caller
+// holds s.mu.
+func (s *Store) held(l backends.Lease, now time.Time) (*record, error) {
+	r := s.live(l.Key, now)
+	if r == nil || r.state != stateInProgress || r.owner != l.Owner || r.token != l.Token {
+		return nil, backends.ErrLeaseLost
+	}
+	return r, nil
+}
+
+// Renew implements [backends.Store].
+func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
+	if err := validate(ctx, lease, backends.ValidateTTL("lease TTL", ttl, false)); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	r, err := s.held(lease, now)
+	if err != nil {
+		return err
+	}
+	r.leaseExpires = now.Add(ttl)
+	r.forgetAt = r.leaseExpires.Add(r.retention)
+	return nil
+}
+
+// Complete implements [backends.Store].
+func (s *Store) Complete(ctx context.Context, lease backends.Lease, retention time.Duration, output []byte) error {
+	if err := validate(ctx, lease, backends.ValidateTTL("retention", retention, true)); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	r, err := s.held(lease, now)
+	if err != nil {
+		return err
+	}
+	r.state = stateCompleted
+	r.completedAt = now
+	r.forgetAt = now.Add(retention)
+	r.output = bytes.Clone(output)
+	return nil
+}
+
+// Release implements [backends.Store].
+func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
+	if err := validate(ctx, lease, nil); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	r, err := s.held(lease, now)
+	if err != nil {
+		return err
+	}
+	r.state = stateReleased
+	r.forgetAt = now.Add(r.retention)
+	return nil
+}
+
+// Inspect implements [backends.Store].
+func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return backends.Record{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	r := s.live(key, now)
+	if r == nil {
+		return backends.Record{}, backends.ErrNotFound
+	}
+	rec := backends.Record{
+		Key:            key,
+		Owner:          r.owner,
+		Token:          r.token,
+		Attempt:        r.attempt,
+		LeaseExpiresAt: r.leaseExpires,
+		CompletedAt:    r.completedAt,
+		ExpiresAt:      r.forgetAt,
+		Fingerprint:    bytes.Clone(r.fingerprint),
+		Output:         bytes.Clone(r.output),
+	}
+	switch {
+	case r.state == stateCompleted:
+		rec.State = backends.StateCompleted
+	case r.state == stateReleased:
+		rec.State = backends.StateReleased
+	case now.Before(r.leaseExpires):
+		rec.State = backends.StateInProgress
+	default:
+		rec.State = backends.StateExpired
+	}
+	return rec, nil
+}
+
+// Delete implements [backends.Store].
+func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.live(key, s.now()) == nil {
+		return backends.ErrNotFound
+	}
+	delete(s.records, key)
+	return nil
+}
+
+func validate(ctx context.Context, lease backends.Lease, durErr error) error {
+	if err := backends.ValidateLease(lease); err != nil {
+		return err
+	}
+	if durErr != nil {
+		return durErr
+	}
+	return ctx.Err()
+}

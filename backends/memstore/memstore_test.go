@@ -1,0 +1,75 @@
+package memstore_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/memstore"
+	"github.com/watermill-idempotency/idempotency/backends/storetest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeClock is a clock the test moves by hand.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func TestConformanceFakeClock(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Fixture {
+		clock := newFakeClock()
+		return storetest.Fixture{Store: memstore.New(memstore.Options{Now: clock.Now}), Advance: clock.Advance}
+	})
+}
+
+// The real-clock run proves the suite's sleeping path, which server-clock
+// stores depend on, against the simplest store.
+func TestConformanceRealClock(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	storetest.Run(t, func(t *testing.T) storetest.Fixture {
+		return storetest.Fixture{Store: store, Tick: 50 * time.Millisecond}
+	})
+}
+
+func TestPruneRemovesExpiredRecords(t *testing.T) {
+	clock := newFakeClock()
+	s := memstore.New(memstore.Options{Now: clock.Now, PruneInterval: time.Minute})
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c"} {
+		res, err := s.Acquire(ctx, backends.AcquireRequest{Key: k, Owner: "o", LeaseTTL: time.Second, Retention: time.Second})
+		require.NoError(t, err)
+		require.NoError(t, s.Complete(ctx, res.Lease, time.Second, nil))
+	}
+	require.Equal(t, 3, s.Len())
+
+	clock.Advance(30 * time.Second)
+	_, err := s.Acquire(ctx, backends.AcquireRequest{Key: "d", Owner: "o", LeaseTTL: time.Hour, Retention: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, 4, s.Len(), "no sweep before the prune interval has passed")
+
+	clock.Advance(31 * time.Second)
+	_, err = s.Acquire(ctx, backends.AcquireRequest{Key: "e", Owner: "o", LeaseTTL: time.Hour, Retention: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, 2, s.Len(), "the sweep removed a, b and c and kept the live d and e")
+}

@@ -1,0 +1,623 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
+
+// Fixture is what a store under test gives the suite.
+type Fixture struct {
+	// Store is the store under test. Required.
+	Store backends.Store
+	// Advance moves the store's clock forward by d. Nil means the store
+	// uses a real clock and the suite sleeps instead.
+	Advance func(d time.Duration)
+	// Tick is the unit of time the suite builds short lease TTLs and waits
+	// from. It must be well above the store's timing precision and round
+	// trip. Defaults to 100ms.
+	Tick time.Duration
+}
+
+// Run runs the whole conformance suite against the stores that newFixture
+// returns. newFixture is called once per test, from that test's goroutine;
+// tests run in parallel.
+func Run(t *testing.T, newFixture func(t *testing.T) Fixture) {
+	t.Helper()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			require.NotNil(t, f.Store, "Fixture.Store is required")
+			if f.Tick <= 0 {
+				f.Tick = 100 * time.Millisecond
+			}
+			tc.fn(t, &suite{Fixture: f, prefix: uniquePrefix(t)})
+		})
+	}
+}
+
+type suite struct {
+	Fixture
+	prefix string
+	owners atomic.Int64
+}
+
+// long is a lease TTL that never runs out during a test.
+const long = time.Minute
+
+func uniquePrefix(t *testing.T) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return "storetest:" + t.Name() + ":" + hex.EncodeToString(b) + ":"
+}
+
+func (s *suite) key(name string) string { return s.prefix + name }
+
+func (s *suite) owner() string { return fmt.Sprintf("owner-%d", s.owners.Add(1)) }
+
+func (s *suite) wait(ticks float64) {
+	d := time.Duration(ticks * float64(s.Tick))
+	if s.Advance != nil {
+		s.Advance(d)
+		return
+	}
+	time.Sleep(d)
+}
+
+func (s *suite) ticks(n float64) time.Duration { return time.Duration(n * float64(s.Tick)) }
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func (s *suite) acquire(t *testing.T, key, owner string, ttl time.Duration) backends.AcquireResult {
+	t.Helper()
+	res, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: ttl, Retention: long})
+	require.NoError(t, err)
+	return res
+}
+
+func (s *suite) mustAcquire(t *testing.T, key, owner string, ttl time.Duration) backends.Lease {
+	t.Helper()
+	res := s.acquire(t, key, owner, ttl)
+	require.Equal(t, backends.OutcomeAcquired, res.Outcome, "acquire %q by %s", key, owner)
+	require.Equal(t, key, res.Lease.Key)
+	require.Equal(t, owner, res.Lease.Owner)
+	require.Positive(t, res.Lease.Token)
+	require.Positive(t, res.Lease.Attempt)
+	return res.Lease
+}
+
+func (s *suite) requireLost(t *testing.T, l backends.Lease) {
+	t.Helper()
+	c := ctx(t)
+	require.ErrorIs(t, s.Store.Renew(c, l, long), backends.ErrLeaseLost, "renew")
+	require.ErrorIs(t, s.Store.Complete(c, l, long, []byte("x")), backends.ErrLeaseLost, "complete")
+	require.ErrorIs(t, s.Store.Release(c, l), backends.ErrLeaseLost, "release")
+}
+
+func (s *suite) inspect(t *testing.T, key string) backends.Record {
+	t.Helper()
+	rec, err := s.Store.Inspect(ctx(t), key)
+	require.NoError(t, err)
+	require.Equal(t, key, rec.Key)
+	return rec
+}
+
+var tests = []struct {
+	name string
+	fn   func(t *testing.T, s *suite)
+}{
+	{"AcquireFreshKey", testAcquireFreshKey},
+	{"InProgressForOthers", testInProgressForOthers},
+	{"ConcurrentAcquireOneWinner", testConcurrentAcquireOneWinner},
+	{"ConcurrentAcquireManyKeys", testConcurrentAcquireManyKeys},
+	{"ConcurrentTakeoverOneWinner", testConcurrentTakeoverOneWinner},
+	{"AtMostOneHolder", testAtMostOneHolder},
+	{"Reentrant", testReentrant},
+	{"TakeoverAfterExpiry", testTakeoverAfterExpiry},
+	{"ExpiredLeaseStillOwnersUntilTakenOver", testExpiredNotTakenOver},
+	{"ReleaseByNonOwner", testReleaseByNonOwner},
+	{"ReleaseThenAcquire", testReleaseThenAcquire},
+	{"FencingTokenStrictlyIncreases", testFencingTokenStrictlyIncreases},
+	{"CompletedWithOutput", testCompletedWithOutput},
+	{"CompletedUntilRetentionEnds", testCompletedUntilRetentionEnds},
+	{"ReleasedRecordKeptForRetention", testReleasedRecordKept},
+	{"Fingerprint", testFingerprint},
+	{"RenewExtends", testRenewExtends},
+	{"InspectAndDelete", testInspectAndDelete},
+	{"OddKeys", testOddKeys},
+	{"LargeOutput", testLargeOutput},
+	{"InvalidRequests", testInvalidRequests},
+	{"CancelledContext", testCancelledContext},
+}
+
+func testAcquireFreshKey(t *testing.T, s *suite) {
+	key := s.key("k")
+	res := s.acquire(t, key, s.owner(), long)
+	require.Equal(t, backends.OutcomeAcquired, res.Outcome)
+	require.Equal(t, 1, res.Lease.Attempt)
+	require.Positive(t, res.Lease.Token)
+	require.False(t, res.Lease.Takeover)
+	require.False(t, res.Lease.Reentrant)
+	require.Nil(t, res.Fingerprint)
+
+	rec := s.inspect(t, key)
+	require.Equal(t, backends.StateInProgress, rec.State)
+	require.Equal(t, res.Lease.Owner, rec.Owner)
+	require.Equal(t, res.Lease.Token, rec.Token)
+	require.Equal(t, 1, rec.Attempt)
+}
+
+func testInProgressForOthers(t *testing.T, s *suite) {
+	key := s.key("k")
+	ttl := s.ticks(100)
+	s.mustAcquire(t, key, s.owner(), ttl)
+	res := s.acquire(t, key, s.owner(), ttl)
+	require.Equal(t, backends.OutcomeInProgress, res.Outcome)
+	require.Positive(t, res.Remaining)
+	require.LessOrEqual(t, res.Remaining, ttl)
+	require.Zero(t, res.Lease, "an in-progress result carries no lease")
+}
+
+func testConcurrentAcquireOneWinner(t *testing.T, s *suite) {
+	const n = 50
+	key := s.key("k")
+	var acquired, inProgress atomic.Int32
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range n {
+		owner := s.owner()
+		wg.Go(func() {
+			<-start
+			res, err := s.Store.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: long, Retention: long})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			switch res.Outcome {
+			case backends.OutcomeAcquired:
+				acquired.Add(1)
+			case backends.OutcomeInProgress:
+				inProgress.Add(1)
+			default:
+				t.Errorf("unexpected outcome %v", res.Outcome)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	require.EqualValues(t, 1, acquired.Load())
+	require.EqualValues(t, n-1, inProgress.Load())
+}
+
+func testConcurrentAcquireManyKeys(t *testing.T, s *suite) {
+	const keys, perKey = 20, 10
+	winners := make([]atomic.Int32, keys)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for k := range keys {
+		for range perKey {
+			key, owner := s.key(fmt.Sprint(k)), s.owner()
+			wg.Go(func() {
+				<-start
+				res, err := s.Store.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: long, Retention: long})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if res.Outcome == backends.OutcomeAcquired {
+					winners[k].Add(1)
+				}
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	for k := range keys {
+		require.EqualValues(t, 1, winners[k].Load(), "key %d", k)
+	}
+}
+
+func testConcurrentTakeoverOneWinner(t *testing.T, s *suite) {
+	const n = 50
+	key := s.key("k")
+	first := s.mustAcquire(t, key, s.owner(), s.ticks(1))
+	s.wait(2)
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var winners []backends.Lease
+	start := make(chan struct{})
+	for range n {
+		owner := s.owner()
+		wg.Go(func() {
+			<-start
+			res, err := s.Store.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: long, Retention: long})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if res.Outcome == backends.OutcomeAcquired {
+				mu.Lock()
+				winners = append(winners, res.Lease)
+				mu.Unlock()
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	require.Len(t, winners, 1)
+	require.True(t, winners[0].Takeover)
+	require.Greater(t, winners[0].Token, first.Token)
+	require.Equal(t, 2, winners[0].Attempt)
+}
+
+// testAtMostOneHolder runs workers that repeatedly acquire a few hot keys,
+// hold them briefly and then complete or release them, and checks that no
+// two workers ever believe they hold the same key at once and that each
+// key's tokens only go up.
+func testAtMostOneHolder(t *testing.T, s *suite) {
+	const workers, keys, rounds = 16, 3, 40
+	holders := make([]atomic.Int32, keys)
+	lastToken := make([]atomic.Int64, keys)
+	completions := make([]atomic.Int32, keys)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range rounds {
+				k := (w + i) % keys
+				key := s.key(fmt.Sprint(k))
+				res, err := s.Store.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: long})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if res.Outcome != backends.OutcomeAcquired {
+					continue
+				}
+				if h := holders[k].Add(1); h != 1 {
+					t.Errorf("key %d has %d holders", k, h)
+				}
+				if prev := lastToken[k].Swap(res.Lease.Token); res.Lease.Token <= prev {
+					t.Errorf("key %d: token %d after %d", k, res.Lease.Token, prev)
+				}
+				holders[k].Add(-1)
+				// Release most of the time so the key stays contended; complete
+				// each key only near the end.
+				if i >= rounds-keys {
+					err = s.Store.Complete(context.Background(), res.Lease, long, nil)
+					completions[k].Add(1)
+				} else {
+					err = s.Store.Release(context.Background(), res.Lease)
+				}
+				if err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for k := range keys {
+		require.LessOrEqual(t, completions[k].Load(), int32(1), "key %d completed more than once", k)
+	}
+}
+
+func testReentrant(t *testing.T, s *suite) {
+	key, owner := s.key("k"), s.owner()
+	first := s.mustAcquire(t, key, owner, s.ticks(3))
+	s.wait(2)
+	again := s.acquire(t, key, owner, s.ticks(3))
+	require.Equal(t, backends.OutcomeAcquired, again.Outcome)
+	require.True(t, again.Lease.Reentrant)
+	require.False(t, again.Lease.Takeover)
+	require.Equal(t, first.Token, again.Lease.Token)
+	require.Equal(t, first.Attempt, again.Lease.Attempt)
+
+	// The re-entrant acquire extended the lease: two more ticks in, the
+	// original lease would have run out, the extended one has not.
+	s.wait(2)
+	other := s.acquire(t, key, s.owner(), long)
+	require.Equal(t, backends.OutcomeInProgress, other.Outcome)
+
+	// Both values of the lease work, since they are the same lease.
+	require.NoError(t, s.Store.Complete(ctx(t), first, long, nil))
+}
+
+func testTakeoverAfterExpiry(t *testing.T, s *suite) {
+	key := s.key("k")
+	old := s.mustAcquire(t, key, s.owner(), s.ticks(1))
+	s.wait(2)
+	require.Equal(t, backends.StateExpired, s.inspect(t, key).State)
+
+	res := s.acquire(t, key, s.owner(), long)
+	require.Equal(t, backends.OutcomeAcquired, res.Outcome)
+	require.True(t, res.Lease.Takeover)
+	require.False(t, res.Lease.Reentrant)
+	require.Greater(t, res.Lease.Token, old.Token)
+	require.Equal(t, 2, res.Lease.Attempt)
+
+	s.requireLost(t, old)
+
+	rec := s.inspect(t, key)
+	require.Equal(t, backends.StateInProgress, rec.State, "the old holder's calls changed nothing")
+	require.Equal(t, res.Lease.Owner, rec.Owner)
+	require.Equal(t, res.Lease.Token, rec.Token)
+	require.NoError(t, s.Store.Complete(ctx(t), res.Lease, long, nil))
+}
+
+func testExpiredNotTakenOver(t *testing.T, s *suite) {
+	key := s.key("k")
+	l := s.mustAcquire(t, key, s.owner(), s.ticks(1))
+	s.wait(2)
+	require.NoError(t, s.Store.Renew(ctx(t), l, long), "nobody took the lease over: it is still the owner's")
+	require.NoError(t, s.Store.Complete(ctx(t), l, long, []byte("done")))
+	res := s.acquire(t, key, s.owner(), long)
+	require.Equal(t, backends.OutcomeCompleted, res.Outcome)
+}
+
+func testReleaseByNonOwner(t *testing.T, s *suite) {
+	key := s.key("k")
+	l := s.mustAcquire(t, key, s.owner(), long)
+
+	other := l
+	other.Owner = s.owner()
+	require.ErrorIs(t, s.Store.Release(ctx(t), other), backends.ErrLeaseLost)
+	stale := l
+	stale.Token--
+	require.ErrorIs(t, s.Store.Release(ctx(t), stale), backends.ErrLeaseLost)
+	require.ErrorIs(t, s.Store.Complete(ctx(t), stale, long, nil), backends.ErrLeaseLost)
+	require.ErrorIs(t, s.Store.Renew(ctx(t), other, long), backends.ErrLeaseLost)
+
+	res := s.acquire(t, key, s.owner(), long)
+	require.Equal(t, backends.OutcomeInProgress, res.Outcome, "the holder's lease survived")
+	rec := s.inspect(t, key)
+	require.Equal(t, l.Owner, rec.Owner)
+	require.Equal(t, l.Token, rec.Token)
+}
+
+func testReleaseThenAcquire(t *testing.T, s *suite) {
+	key := s.key("k")
+	first := s.mustAcquire(t, key, s.owner(), long)
+	require.NoError(t, s.Store.Release(ctx(t), first))
+	require.Equal(t, backends.StateReleased, s.inspect(t, key).State)
+	require.ErrorIs(t, s.Store.Release(ctx(t), first), backends.ErrLeaseLost, "a second release finds nothing to release")
+
+	res := s.acquire(t, key, s.owner(), long)
+	require.Equal(t, backends.OutcomeAcquired, res.Outcome)
+	require.False(t, res.Lease.Takeover)
+	require.Greater(t, res.Lease.Token, first.Token)
+	require.Equal(t, 2, res.Lease.Attempt)
+	s.requireLost(t, first)
+}
+
+func testFencingTokenStrictlyIncreases(t *testing.T, s *suite) {
+	key := s.key("k")
+	var last int64
+	for i := range 8 {
+		ttl := long
+		if i%2 == 1 {
+			ttl = s.ticks(1)
+		}
+		l := s.mustAcquire(t, key, s.owner(), ttl)
+		require.Greater(t, l.Token, last, "round %d", i)
+		require.Equal(t, i+1, l.Attempt)
+		last = l.Token
+		if i%2 == 0 {
+			require.NoError(t, s.Store.Release(ctx(t), l))
+		} else {
+			s.wait(2) // let it expire: the next acquire is a takeover
+		}
+	}
+}
+
+func testCompletedWithOutput(t *testing.T, s *suite) {
+	key := s.key("k")
+	l := s.mustAcquire(t, key, s.owner(), long)
+	out := []byte("output\x00with\xffodd bytes")
+	require.NoError(t, s.Store.Complete(ctx(t), l, long, out))
+
+	res := s.acquire(t, key, s.owner(), long)
+	require.Equal(t, backends.OutcomeCompleted, res.Outcome)
+	require.Equal(t, out, res.Output)
+	require.False(t, res.CompletedAt.IsZero())
+	require.Zero(t, res.Lease)
+
+	rec := s.inspect(t, key)
+	require.Equal(t, backends.StateCompleted, rec.State)
+	require.Equal(t, out, rec.Output)
+	require.False(t, rec.CompletedAt.IsZero())
+	s.requireLost(t, l)
+
+	// No output is stored as none.
+	key2 := s.key("nil-output")
+	l2 := s.mustAcquire(t, key2, s.owner(), long)
+	require.NoError(t, s.Store.Complete(ctx(t), l2, long, nil))
+	res2 := s.acquire(t, key2, s.owner(), long)
+	require.Equal(t, backends.OutcomeCompleted, res2.Outcome)
+	require.Empty(t, res2.Output)
+}
+
+func testCompletedUntilRetentionEnds(t *testing.T, s *suite) {
+	key := s.key("k")
+	l := s.mustAcquire(t, key, s.owner(), long)
+	require.NoError(t, s.Store.Complete(ctx(t), l, s.ticks(3), []byte("out")))
+	s.wait(1)
+	require.Equal(t, backends.OutcomeCompleted, s.acquire(t, key, s.owner(), long).Outcome)
+	s.wait(3)
+	_, err := s.Store.Inspect(ctx(t), key)
+	require.ErrorIs(t, err, backends.ErrNotFound, "a completed record past its retention is gone")
+	res := s.acquire(t, key, s.owner(), long)
+	require.Equal(t, backends.OutcomeAcquired, res.Outcome)
+	require.Equal(t, 1, res.Lease.Attempt, "a new record")
+	require.Empty(t, res.Output)
+}
+
+func testReleasedRecordKept(t *testing.T, s *suite) {
+	key := s.key("k")
+	res, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: s.ticks(3)})
+	require.NoError(t, err)
+	require.NoError(t, s.Store.Release(ctx(t), res.Lease))
+	s.wait(1)
+	rec := s.inspect(t, key)
+	require.Equal(t, backends.StateReleased, rec.State)
+	require.Equal(t, res.Lease.Token, rec.Token, "the released record keeps its token")
+	s.wait(3)
+	_, err = s.Store.Inspect(ctx(t), key)
+	require.ErrorIs(t, err, backends.ErrNotFound, "a released record past its retention is gone")
+}
+
+func testFingerprint(t *testing.T, s *suite) {
+	key := s.key("k")
+	fp1, fp2 := []byte("sha256:aaaa"), []byte("sha256:bbbb")
+	c := ctx(t)
+	res, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: fp1})
+	require.NoError(t, err)
+	require.Equal(t, backends.OutcomeAcquired, res.Outcome)
+	require.Equal(t, fp1, res.Fingerprint)
+
+	dup, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: fp2})
+	require.NoError(t, err)
+	require.Equal(t, backends.OutcomeInProgress, dup.Outcome)
+	require.Equal(t, fp1, dup.Fingerprint, "the first fingerprint is kept")
+
+	require.NoError(t, s.Store.Complete(c, res.Lease, long, nil))
+	done, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: fp2})
+	require.NoError(t, err)
+	require.Equal(t, backends.OutcomeCompleted, done.Outcome)
+	require.Equal(t, fp1, done.Fingerprint)
+	require.Equal(t, fp1, s.inspect(t, key).Fingerprint)
+
+	// A record acquired without a fingerprint adopts the first one given.
+	key2 := s.key("late")
+	s.mustAcquire(t, key2, s.owner(), long)
+	late, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key2, Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: fp2})
+	require.NoError(t, err)
+	require.Equal(t, fp2, late.Fingerprint)
+}
+
+func testRenewExtends(t *testing.T, s *suite) {
+	key := s.key("k")
+	l := s.mustAcquire(t, key, s.owner(), s.ticks(3))
+	s.wait(2)
+	require.NoError(t, s.Store.Renew(ctx(t), l, s.ticks(10)))
+	s.wait(2) // four ticks after acquire: past the original lease
+	res := s.acquire(t, key, s.owner(), long)
+	require.Equal(t, backends.OutcomeInProgress, res.Outcome)
+	require.Greater(t, res.Remaining, s.ticks(3), "the renewed lease has most of its ten ticks left")
+	require.Equal(t, backends.StateInProgress, s.inspect(t, key).State)
+
+	// Renew can also shorten a lease; the holder decides.
+	require.NoError(t, s.Store.Renew(ctx(t), l, s.ticks(1)))
+	s.wait(2)
+	require.Equal(t, backends.OutcomeAcquired, s.acquire(t, key, s.owner(), long).Outcome)
+	s.requireLost(t, l)
+}
+
+func testInspectAndDelete(t *testing.T, s *suite) {
+	key := s.key("k")
+	c := ctx(t)
+	_, err := s.Store.Inspect(c, key)
+	require.ErrorIs(t, err, backends.ErrNotFound)
+	require.ErrorIs(t, s.Store.Delete(c, key), backends.ErrNotFound)
+
+	l := s.mustAcquire(t, key, s.owner(), long)
+	rec := s.inspect(t, key)
+	require.Equal(t, backends.StateInProgress, rec.State)
+	require.Equal(t, l.Owner, rec.Owner)
+	require.Equal(t, l.Token, rec.Token)
+	require.Equal(t, 1, rec.Attempt)
+	require.True(t, rec.LeaseExpiresAt.After(rec.ExpiresAt.Add(-long-time.Minute)), "lease expiry is on the store's clock")
+	require.False(t, rec.ExpiresAt.Before(rec.LeaseExpiresAt), "the record outlives its lease")
+
+	require.NoError(t, s.Store.Delete(c, key))
+	_, err = s.Store.Inspect(c, key)
+	require.ErrorIs(t, err, backends.ErrNotFound)
+	require.ErrorIs(t, s.Store.Delete(c, key), backends.ErrNotFound)
+	require.ErrorIs(t, s.Store.Complete(c, l, long, nil), backends.ErrLeaseLost, "the deleted lease is lost")
+	require.Equal(t, backends.OutcomeAcquired, s.acquire(t, key, s.owner(), long).Outcome)
+}
+
+// OddKeys are the keys the suite requires every store to keep apart: each
+// must round-trip and none may collide with another.
+var OddKeys = []string{
+	`quote"d`, `single'quote`, "with space", "tab\tand\nnewline", `back\slash`,
+	"unicode-ключ-键-🔑", "nul\x00byte", "nul\x00", "nul", "{hash}tag", "*glob?[x]",
+	"%s%d%%", "'; DROP TABLE x; --", "\xff\xfe invalid utf8", strings.Repeat("long", 128),
+}
+
+func testOddKeys(t *testing.T, s *suite) {
+	leases := make(map[string]backends.Lease, len(OddKeys))
+	for _, k := range OddKeys {
+		key := s.key(k)
+		leases[key] = s.mustAcquire(t, key, s.owner(), long)
+	}
+	for key, l := range leases {
+		require.NoError(t, s.Store.Complete(ctx(t), l, long, []byte(key)), "key %q", key)
+	}
+	for key := range leases {
+		res := s.acquire(t, key, s.owner(), long)
+		require.Equal(t, backends.OutcomeCompleted, res.Outcome, "key %q", key)
+		require.Equal(t, []byte(key), res.Output, "key %q kept apart from the others", key)
+		require.Equal(t, key, s.inspect(t, key).Key)
+	}
+}
+
+func testLargeOutput(t *testing.T, s *suite) {
+	key := s.key("k")
+	out := bytes.Repeat([]byte{0, 1, 2, 0xff}, 256<<10) // 1 MiB
+	l := s.mustAcquire(t, key, s.owner(), long)
+	require.NoError(t, s.Store.Complete(ctx(t), l, long, out))
+	res := s.acquire(t, key, s.owner(), long)
+	require.Equal(t, backends.OutcomeCompleted, res.Outcome)
+	require.True(t, bytes.Equal(out, res.Output), "1 MiB output round-trips")
+}
+
+func testInvalidRequests(t *testing.T, s *suite) {
+	c := ctx(t)
+	key := s.key("k")
+	for name, req := range map[string]backends.AcquireRequest{
+		"empty key":          {Owner: "o", LeaseTTL: long},
+		"empty owner":        {Key: key, LeaseTTL: long},
+		"zero ttl":           {Key: key, Owner: "o"},
+		"negative ttl":       {Key: key, Owner: "o", LeaseTTL: -time.Second},
+		"negative retention": {Key: key, Owner: "o", LeaseTTL: long, Retention: -time.Second},
+	} {
+		_, err := s.Store.Acquire(c, req)
+		require.ErrorIs(t, err, backends.ErrInvalidRequest, name)
+	}
+	_, err := s.Store.Inspect(c, key)
+	require.ErrorIs(t, err, backends.ErrNotFound, "invalid requests changed nothing")
+
+	l := s.mustAcquire(t, key, s.owner(), long)
+	require.ErrorIs(t, s.Store.Renew(c, l, 0), backends.ErrInvalidRequest)
+	require.ErrorIs(t, s.Store.Complete(c, l, -time.Second, nil), backends.ErrInvalidRequest)
+	require.ErrorIs(t, s.Store.Release(c, backends.Lease{Key: key}), backends.ErrInvalidRequest)
+	require.Equal(t, backends.StateInProgress, s.inspect(t, key).State)
+}
+
+func testCancelledContext(t *testing.T, s *suite) {
+	key := s.key("k")
+	c, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: long})
+	require.Error(t, err)
+	require.True(t, errors.Is(err, context.Canceled), "got %v", err)
+	_, err = s.Store.Inspect(ctx(t), key)
+	require.ErrorIs(t, err, backends.ErrNotFound, "a cancelled acquire took nothing")
+}
