@@ -1,0 +1,215 @@
+package middleware
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/keyfunc"
+)
+
+// Defaults applied by [New] to zero-valued [Config] fields.
+const (
+	DefaultLeaseTTL        = 30 * time.Second
+	DefaultRetention       = 24 * time.Hour
+	DefaultPollInterval    = 50 * time.Millisecond
+	DefaultMaxPollInterval = time.Second
+	DefaultStoreTimeout    = 5 * time.Second
+	DefaultMaxKeyBytes     = 512
+	DefaultMaxOutputBytes  = 1 << 20
+
+	// MinLeaseTTL is the shortest lease TTL [New] accepts. The lease is
+	// renewed every third of its TTL, and stores keep time in milliseconds.
+	MinLeaseTTL = 10 * time.Millisecond
+)
+
+// KeyErrorPolicy decides what happens to a message whose key cannot be
+// extracted, or is too long.
+type KeyErrorPolicy int
+
+const (
+	// KeyErrorReject returns a [*KeyError] from the handler, so the message
+	// is nacked. Route it to a poison queue with [IsKeyError]. The default.
+	KeyErrorReject KeyErrorPolicy = iota
+	// KeyErrorProcess runs the handler without idempotency protection and
+	// reports [OutcomeUnprotected].
+	KeyErrorProcess
+)
+
+// MismatchPolicy decides what happens when a message's fingerprint differs
+// from the one its key's record was first acquired with: the same key was
+// used for a different payload.
+type MismatchPolicy int
+
+const (
+	// MismatchReject returns an error wrapping [ErrFingerprintMismatch]
+	// without running the handler. The default.
+	MismatchReject MismatchPolicy = iota
+	// MismatchIgnore treats the message as any other delivery of its key
+	// and reports the mismatch only in the [Event].
+	MismatchIgnore
+)
+
+// PayloadFingerprint is a [Config.Fingerprint] function: the SHA-256 of the
+// payload.
+func PayloadFingerprint(msg *message.Message) []byte {
+	sum := sha256.Sum256(msg.Payload)
+	return sum[:]
+}
+
+// Config configures the middleware. Only Store is required; [New] fills
+// the other zero fields with defaults in its own copy.
+type Config struct {
+	// Store keeps leases and completion records. Required.
+	Store backends.Store
+
+	// Key extracts the idempotency key from a message.
+	// Defaults to keyfunc.UUID().
+	Key keyfunc.Extractor
+
+	// Namespace is prepended to every key as Namespace + ":" + key, so that
+	// two handlers consuming the same topic each process a message once.
+	// Defaults to the handler's name from the router; when the middleware
+	// runs outside a router, the message is rejected with ErrNoNamespace
+	// unless Namespace is set.
+	Namespace string
+
+	// LeaseTTL is how long a processing lease lasts unless renewed. While
+	// the handler runs, the lease is renewed every LeaseTTL/3; a crashed
+	// worker's lease is taken over LeaseTTL after its last renewal. Set it
+	// near the broker's redelivery delay (the SQS visibility timeout, the
+	// Redis Streams MaxIdleTime). At least MinLeaseTTL.
+	// Defaults to 30 seconds.
+	LeaseTTL time.Duration
+
+	// Retention is how long a completed key is remembered, so duplicates
+	// arriving within it are dropped. Released and expired records are kept
+	// as long, so fencing tokens keep counting up. Defaults to 24 hours.
+	Retention time.Duration
+
+	// InProgressWait bounds how long a duplicate waits for another worker
+	// that holds the key's lease. If the holder completes, the duplicate is
+	// acked; if it fails or its lease runs out, the duplicate takes over;
+	// if it still holds the lease when the wait ends, the duplicate is
+	// nacked with an [*InProgressError]. Negative means do not wait.
+	// Defaults to the holder's remaining lease (at most LeaseTTL).
+	InProgressWait time.Duration
+
+	// PollInterval is the first pause between two looks at the store while
+	// waiting for a holder; each later pause doubles, up to
+	// MaxPollInterval, with jitter. Defaults to 50 milliseconds.
+	PollInterval time.Duration
+
+	// MaxPollInterval caps the pause between two looks at the store while
+	// waiting. Defaults to 1 second.
+	MaxPollInterval time.Duration
+
+	// StoreTimeout bounds each store call (Acquire with its retries,
+	// Complete, Release). Renewals are bounded by the lease instead.
+	// Defaults to 5 seconds.
+	StoreTimeout time.Duration
+
+	// MaxKeyBytes is the longest full key (namespace included) accepted;
+	// a longer one is a [*KeyError] wrapping [ErrKeyTooLong]. Wrap the
+	// extractor in keyfunc.Hashed for long keys. Defaults to 512.
+	MaxKeyBytes int
+
+	// MaxOutputBytes is the largest encoded set of produced messages that
+	// is stored with a completion for replay. A handler whose output is
+	// larger fails with [ErrOutputTooLarge] and its lease is released.
+	// Defaults to 1 MiB.
+	MaxOutputBytes int
+
+	// Fingerprint, if set, identifies a message's payload; a message whose
+	// fingerprint differs from the one its key was first seen with is
+	// handled by OnFingerprintMismatch. [PayloadFingerprint] hashes the
+	// payload. Defaults to nil: no fingerprints.
+	Fingerprint func(msg *message.Message) []byte
+
+	// OnFingerprintMismatch decides what a fingerprint mismatch does.
+	// Defaults to MismatchReject.
+	OnFingerprintMismatch MismatchPolicy
+
+	// OnKeyError decides what a message without a usable key does.
+	// Defaults to KeyErrorReject.
+	OnKeyError KeyErrorPolicy
+
+	// FailOpen runs the handler without a lease when the store cannot be
+	// reached to acquire one, instead of nacking the message. Duplicates
+	// may then run concurrently and twice. Defaults to false (fail closed).
+	FailOpen bool
+
+	// Logger receives one log line per decision that is not routine.
+	// Defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+
+	// Observer is told the outcome of every delivery, for metrics.
+	// Defaults to none. [*Counters] is a ready-made one.
+	Observer Observer
+}
+
+// ErrInvalidConfig is wrapped by every error [New] returns.
+var ErrInvalidConfig = errors.New("idempotency: invalid config")
+
+func (c Config) withDefaults() Config {
+	if c.Key == nil {
+		c.Key = keyfunc.UUID()
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.MaxPollInterval == 0 {
+		c.MaxPollInterval = max(DefaultMaxPollInterval, c.PollInterval)
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = DefaultStoreTimeout
+	}
+	if c.MaxKeyBytes == 0 {
+		c.MaxKeyBytes = DefaultMaxKeyBytes
+	}
+	if c.MaxOutputBytes == 0 {
+		c.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(c.Store != nil, "Store is required")
+	if err := keyfunc.Validate(c.Key); err != nil {
+		errs = append(errs, fmt.Errorf("Key: %w", err))
+	}
+	check(c.LeaseTTL >= MinLeaseTTL, "LeaseTTL must be at least %v, got %v", MinLeaseTTL, c.LeaseTTL)
+	check(c.Retention > 0, "Retention must be positive, got %v", c.Retention)
+	check(c.PollInterval > 0, "PollInterval must be positive, got %v", c.PollInterval)
+	check(c.MaxPollInterval >= c.PollInterval, "MaxPollInterval (%v) must be at least PollInterval (%v)", c.MaxPollInterval, c.PollInterval)
+	check(c.StoreTimeout > 0, "StoreTimeout must be positive, got %v", c.StoreTimeout)
+	check(c.MaxKeyBytes > 0, "MaxKeyBytes must be positive, got %d", c.MaxKeyBytes)
+	check(c.MaxKeyBytes > len(c.Namespace)+1, "MaxKeyBytes (%d) leaves no room for a key after Namespace %q", c.MaxKeyBytes, c.Namespace)
+	check(c.MaxOutputBytes > 0, "MaxOutputBytes must be positive, got %d", c.MaxOutputBytes)
+	check(c.OnKeyError == KeyErrorReject || c.OnKeyError == KeyErrorProcess, "OnKeyError: unknown policy %d", c.OnKeyError)
+	check(c.OnFingerprintMismatch == MismatchReject || c.OnFingerprintMismatch == MismatchIgnore, "OnFingerprintMismatch: unknown policy %d", c.OnFingerprintMismatch)
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
+}

@@ -1,0 +1,80 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors the middleware returns from the handler (so the router nacks the
+// message). Compare with [errors.Is].
+var (
+	// ErrInvalidKey is wrapped by every [*KeyError].
+	ErrInvalidKey = errors.New("idempotency: invalid key")
+	// ErrKeyTooLong: the full key is longer than Config.MaxKeyBytes.
+	ErrKeyTooLong = errors.New("idempotency: key too long")
+	// ErrNoNamespace: no Config.Namespace and no handler name in the
+	// message context (the middleware was used outside a router).
+	ErrNoNamespace = errors.New("idempotency: no namespace")
+	// ErrInProgress is matched by every [*InProgressError].
+	ErrInProgress = errors.New("idempotency: in progress elsewhere")
+	// ErrLeaseLost: the lease was lost while the handler ran (taken over,
+	// deleted, or not renewable before it would expire). The handler's
+	// context was cancelled with this cause and the message is nacked.
+	ErrLeaseLost = errors.New("idempotency: lease lost")
+	// ErrStore wraps an error from the store.
+	ErrStore = errors.New("idempotency: store error")
+	// ErrFingerprintMismatch: the key's record was made for a different
+	// payload.
+	ErrFingerprintMismatch = errors.New("idempotency: fingerprint mismatch")
+	// ErrOutputTooLarge: the handler's produced messages do not fit in
+	// Config.MaxOutputBytes. The lease was released.
+	ErrOutputTooLarge = errors.New("idempotency: output too large")
+	// ErrCorruptOutput: a completed key's stored output could not be
+	// decoded, so it cannot be replayed.
+	ErrCorruptOutput = errors.New("idempotency: corrupt stored output")
+)
+
+// KeyError is returned for a message without a usable idempotency key. It
+// matches [ErrInvalidKey] and the cause (a keyfunc error, [ErrKeyTooLong]
+// or [ErrNoNamespace]) under [errors.Is].
+type KeyError struct {
+	MessageUUID string
+	Err         error
+}
+
+// Error implements error.
+func (e *KeyError) Error() string {
+	return fmt.Sprintf("idempotency: no usable key for message %s: %v", e.MessageUUID, e.Err)
+}
+
+// Unwrap returns [ErrInvalidKey] and the cause.
+func (e *KeyError) Unwrap() []error { return []error{ErrInvalidKey, e.Err} }
+
+// IsKeyError reports whether err is a [*KeyError]. It fits
+// middleware.PoisonQueueWithFilter from Watermill, to move messages that can
+// never be processed out of the way.
+func IsKeyError(err error) bool { return errors.Is(err, ErrInvalidKey) }
+
+// InProgressError is returned for a duplicate whose key was still held by
+// another worker when the wait ended. The message is nacked, never acked:
+// if the holder fails, this delivery must be able to come back.
+type InProgressError struct {
+	// Key is the full key.
+	Key string
+	// Remaining is the holder's remaining lease when last seen: after that
+	// the key is either completed or free. A broker that can delay a
+	// redelivery should delay it by about this much.
+	Remaining time.Duration
+	// Waited is how long this delivery waited.
+	Waited time.Duration
+}
+
+// Error implements error.
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("idempotency: key %q is in progress elsewhere (waited %v, holder's lease has %v left)",
+		e.Key, e.Waited.Round(time.Millisecond), e.Remaining.Round(time.Millisecond))
+}
+
+// Is matches [ErrInProgress].
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }

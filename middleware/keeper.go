@@ -1,0 +1,116 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
+
+// keeper renews a lease every ttl/3 while the handler runs. It keeps a
+// local deadline by which the lease is certainly still held: the time the
+// last successful Acquire or Renew was sent, plus the TTL. The server set
+// the expiry after that moment, so the local deadline is never later than
+// the server's. If the lease is reported lost, or cannot be renewed before
+// that deadline (less a margin), the keeper cancels the handler's context
+// with a cause wrapping ErrLeaseLost.
+//
+// It runs on a timer rather than a goroutine of its own, so a handler that
+// finishes within ttl/3 costs no goroutine at all.
+type keeper struct {
+	store   backends.Store
+	lease   backends.Lease
+	ttl     time.Duration
+	margin  time.Duration
+	timeout time.Duration
+	cancel  context.CancelCauseFunc
+
+	renewCtx    context.Context
+	renewCancel context.CancelFunc
+
+	mu       sync.Mutex
+	timer    *time.Timer
+	deadline time.Time
+	stopped  bool
+	lost     error
+	running  sync.WaitGroup
+}
+
+func startKeeper(base context.Context, store backends.Store, lease backends.Lease, ttl, timeout time.Duration, sentAt time.Time, cancel context.CancelCauseFunc) *keeper {
+	k := &keeper{
+		store:    store,
+		lease:    lease,
+		ttl:      ttl,
+		margin:   ttl / 10,
+		timeout:  timeout,
+		cancel:   cancel,
+		deadline: sentAt.Add(ttl),
+	}
+	k.renewCtx, k.renewCancel = context.WithCancel(context.WithoutCancel(base))
+	k.mu.Lock()
+	k.timer = time.AfterFunc(ttl/3, k.tick)
+	k.mu.Unlock()
+	return k
+}
+
+func (k *keeper) tick() {
+	k.mu.Lock()
+	if k.stopped {
+		k.mu.Unlock()
+		return
+	}
+	k.running.Add(1)
+	cutoff := k.deadline.Add(-k.margin)
+	k.mu.Unlock()
+	defer k.running.Done()
+
+	until := time.Now().Add(k.timeout)
+	if cutoff.Before(until) {
+		until = cutoff
+	}
+	ctx, cancel := context.WithDeadline(k.renewCtx, until)
+	sent := time.Now()
+	err := k.store.Renew(ctx, k.lease, k.ttl)
+	cancel()
+
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stopped {
+		return // stop raced with the renewal; its result no longer matters
+	}
+	switch {
+	case err == nil:
+		k.deadline = sent.Add(k.ttl)
+		k.timer.Reset(k.ttl / 3)
+	case errors.Is(err, backends.ErrLeaseLost):
+		k.lose(fmt.Errorf("%w: %w", ErrLeaseLost, err))
+	case !time.Now().Before(cutoff):
+		k.lose(fmt.Errorf("%w: not renewed before it would expire: %w", ErrLeaseLost, err))
+	default:
+		// A transient failure: try again soon, while the lease still holds.
+		k.timer.Reset(min(k.ttl/10, time.Until(cutoff)))
+	}
+}
+
+// lose records the loss and cancels the handler. The caller holds k.mu.
+func (k *keeper) lose(err error) {
+	k.lost = err
+	k.cancel(err)
+}
+
+// stop stops renewing, waits for a renewal under way, and returns the
+// error the lease was lost with, if it was.
+func (k *keeper) stop() error {
+	k.mu.Lock()
+	k.stopped = true
+	k.timer.Stop()
+	k.renewCancel()
+	k.mu.Unlock()
+	k.running.Wait()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.lost
+}

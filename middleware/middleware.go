@@ -1,0 +1,328 @@
+package middleware
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
+
+// Idempotency is the middleware. Create it with [New] and add its
+// [Idempotency.Middleware] method to a router or a handler. It is safe for
+// concurrent use and may be shared by several handlers: each gets its own
+// key namespace (the handler name) unless Config.Namespace is set.
+type Idempotency struct {
+	cfg Config
+}
+
+// New returns the middleware for cfg, or an error wrapping
+// [ErrInvalidConfig] that lists every invalid field. cfg is not modified.
+func New(cfg Config) (*Idempotency, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Idempotency{cfg: cfg}, nil
+}
+
+type leaseCtxKey struct{}
+
+// LeaseFromContext returns the lease the handler runs under. Inside a
+// handler, call it with msg.Context(). Pass Lease.Token to the systems the
+// handler writes to, so they can reject writes from a holder whose lease
+// was taken over (fencing).
+func LeaseFromContext(ctx context.Context) (backends.Lease, bool) {
+	l, ok := ctx.Value(leaseCtxKey{}).(backends.Lease)
+	return l, ok
+}
+
+// Middleware wraps h so that it runs at most once to completion per key.
+// Its signature is message.HandlerMiddleware.
+func (m *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		return m.handle(msg, h)
+	}
+}
+
+// delivery carries one message through the state machine.
+type delivery struct {
+	msg   *message.Message
+	ctx   context.Context // msg's context, not cancelled by ack or nack
+	key   string
+	owner string
+	fp    []byte
+	ev    Event
+}
+
+func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*message.Message, error) {
+	d := &delivery{msg: msg, ctx: context.WithoutCancel(msg.Context())}
+	d.ev.MessageUUID = msg.UUID
+
+	key, err := m.key(msg)
+	if err != nil {
+		if m.cfg.OnKeyError == KeyErrorProcess {
+			d.ev.Err = err
+			return m.runUnprotected(d, h, OutcomeUnprotected)
+		}
+		return m.finish(d, OutcomeKeyError, nil, err)
+	}
+	d.key, d.ev.Key = key, key
+	d.owner = crand.Text()
+	if m.cfg.Fingerprint != nil {
+		d.fp = m.cfg.Fingerprint(msg)
+	}
+
+	res, sentAt, err := m.acquire(d)
+	if err != nil {
+		err = fmt.Errorf("%w: acquire %q: %w", ErrStore, key, err)
+		if m.cfg.FailOpen {
+			d.ev.Err = err
+			return m.runUnprotected(d, h, OutcomeUnprotected)
+		}
+		return m.finish(d, OutcomeStoreError, nil, err)
+	}
+	if res.Outcome == backends.OutcomeInProgress && !m.mismatch(d, res) {
+		res, sentAt, err = m.waitForHolder(d, res)
+		if err != nil {
+			return m.finish(d, OutcomeStoreError, nil, err)
+		}
+	}
+	if m.mismatch(d, res) && m.cfg.OnFingerprintMismatch == MismatchReject {
+		if res.Outcome == backends.OutcomeAcquired {
+			m.release(d, res.Lease)
+		}
+		return m.finish(d, OutcomeFingerprintMismatch, nil, fmt.Errorf("%w: key %q", ErrFingerprintMismatch, key))
+	}
+
+	switch res.Outcome {
+	case backends.OutcomeAcquired:
+		return m.run(d, h, res.Lease, sentAt)
+	case backends.OutcomeCompleted:
+		out, err := decodeOutput(res.Output)
+		if err != nil {
+			return m.finish(d, OutcomeStoreError, nil, fmt.Errorf("key %q: %w", key, err))
+		}
+		d.ev.Replayed = len(out)
+		return m.finish(d, OutcomeDuplicate, out, nil)
+	default:
+		return m.finish(d, OutcomeInProgress, nil, &InProgressError{Key: key, Remaining: res.Remaining, Waited: d.ev.Waited})
+	}
+}
+
+func (m *Idempotency) key(msg *message.Message) (string, error) {
+	ns := m.cfg.Namespace
+	if ns == "" {
+		if ns = message.HandlerNameFromCtx(msg.Context()); ns == "" {
+			return "", &KeyError{MessageUUID: msg.UUID, Err: ErrNoNamespace}
+		}
+	}
+	k, err := m.cfg.Key.Key(msg)
+	if err == nil && k == "" {
+		err = errors.New("the extractor returned an empty key")
+	}
+	if err != nil {
+		return "", &KeyError{MessageUUID: msg.UUID, Err: err}
+	}
+	full := ns + ":" + k
+	if len(full) > m.cfg.MaxKeyBytes {
+		return "", &KeyError{MessageUUID: msg.UUID, Err: fmt.Errorf("%w: %d bytes, the limit is %d", ErrKeyTooLong, len(full), m.cfg.MaxKeyBytes)}
+	}
+	return full, nil
+}
+
+func (m *Idempotency) mismatch(d *delivery, res backends.AcquireResult) bool {
+	if d.fp == nil || res.Fingerprint == nil || bytes.Equal(d.fp, res.Fingerprint) {
+		return false
+	}
+	d.ev.FingerprintMismatch = true
+	return true
+}
+
+// acquire calls Store.Acquire, retrying failures within StoreTimeout. A
+// retry after an ambiguous failure (the store applied the call, the reply
+// was lost) is safe because Acquire is re-entrant for the same owner. It
+// also returns when the successful call was sent, which starts the lease.
+func (m *Idempotency) acquire(d *delivery) (backends.AcquireResult, time.Time, error) {
+	ctx, cancel := context.WithTimeout(d.ctx, m.cfg.StoreTimeout)
+	defer cancel()
+	req := backends.AcquireRequest{Key: d.key, Owner: d.owner, LeaseTTL: m.cfg.LeaseTTL, Retention: m.cfg.Retention, Fingerprint: d.fp}
+	backoff := 10 * time.Millisecond
+	for {
+		sent := time.Now()
+		res, err := m.cfg.Store.Acquire(ctx, req)
+		if err == nil || errors.Is(err, backends.ErrInvalidRequest) {
+			return res, sent, err
+		}
+		select {
+		case <-ctx.Done():
+			return res, sent, errors.Join(err, ctx.Err())
+		case <-time.After(backoff):
+			backoff *= 2
+		}
+	}
+}
+
+// waitForHolder polls the store, with backoff, until the holder of the key
+// completes or gives it up, or the wait ends. It never acks: the caller
+// turns a result still in progress into a nack.
+func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (backends.AcquireResult, time.Time, error) {
+	budget := m.cfg.InProgressWait
+	if budget == 0 {
+		budget = min(res.Remaining+m.cfg.PollInterval, m.cfg.LeaseTTL)
+	}
+	start := time.Now()
+	deadline := start.Add(budget)
+	interval := m.cfg.PollInterval
+	var sentAt time.Time
+	defer func() { d.ev.Waited = time.Since(start) }()
+	for res.Outcome == backends.OutcomeInProgress {
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		// Sleep for the backoff interval with ±20% jitter, but wake when
+		// the holder's lease runs out and never past the deadline.
+		pause := time.Duration(float64(interval) * (0.8 + 0.4*rand.Float64()))
+		pause = min(pause, res.Remaining+time.Millisecond, left)
+		timer := time.NewTimer(pause)
+		select {
+		case <-d.msg.Context().Done():
+			timer.Stop()
+			return res, sentAt, fmt.Errorf("waiting for key %q: %w", d.key, d.msg.Context().Err())
+		case <-timer.C:
+		}
+		interval = min(interval*2, m.cfg.MaxPollInterval)
+
+		var err error
+		res, sentAt, err = m.acquire(d)
+		if err != nil {
+			return res, sentAt, fmt.Errorf("%w: acquire %q while waiting: %w", ErrStore, d.key, err)
+		}
+		if m.mismatch(d, res) {
+			break
+		}
+	}
+	return res, sentAt, nil
+}
+
+// run runs the handler under the lease and settles the key afterwards.
+func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lease, sentAt time.Time) ([]*message.Message, error) {
+	d.ev.Lease = lease
+	orig := d.msg.Context()
+	hctx, cancel := context.WithCancelCause(context.WithValue(orig, leaseCtxKey{}, lease))
+	k := startKeeper(d.ctx, m.cfg.Store, lease, m.cfg.LeaseTTL, m.cfg.StoreTimeout, sentAt, cancel)
+	d.msg.SetContext(hctx)
+
+	start := time.Now()
+	panicked := true
+	defer func() {
+		d.msg.SetContext(orig)
+		cancel(nil)
+		if panicked {
+			// Let the redelivery run: give the lease up, then let the
+			// panic go on to the router (or a Recoverer middleware).
+			if k.stop() == nil {
+				m.release(d, lease)
+			}
+			d.ev.HandlerDuration = time.Since(start)
+			m.finish(d, OutcomeHandlerFailed, nil, errors.New("handler panicked"))
+		}
+	}()
+	out, err := h(d.msg)
+	panicked = false
+	d.ev.HandlerDuration = time.Since(start)
+
+	if lost := k.stop(); lost != nil {
+		// Someone else may hold the key now: never ack, never publish.
+		return m.finish(d, OutcomeLeaseLost, nil, errors.Join(lost, err))
+	}
+	if err != nil {
+		m.release(d, lease)
+		return m.finish(d, OutcomeHandlerFailed, nil, err)
+	}
+	encoded := encodeOutput(out)
+	if len(encoded) > m.cfg.MaxOutputBytes {
+		m.release(d, lease)
+		return m.finish(d, OutcomeOutputTooLarge, nil, fmt.Errorf("%w: %d messages encode to %d bytes, the limit is %d",
+			ErrOutputTooLarge, len(out), len(encoded), m.cfg.MaxOutputBytes))
+	}
+	ctx, cancelStore := context.WithTimeout(d.ctx, m.cfg.StoreTimeout)
+	defer cancelStore()
+	switch err := m.cfg.Store.Complete(ctx, lease, m.cfg.Retention, encoded); {
+	case errors.Is(err, backends.ErrLeaseLost):
+		return m.finish(d, OutcomeLeaseLost, nil, fmt.Errorf("%w: at completion: %w", ErrLeaseLost, err))
+	case err != nil:
+		d.ev.Err = fmt.Errorf("%w: complete %q: %w", ErrStore, d.key, err)
+		m.finish(d, OutcomeProcessedNotRecorded, nil, nil)
+		return out, nil
+	}
+	return m.finish(d, OutcomeProcessed, out, nil)
+}
+
+func (m *Idempotency) runUnprotected(d *delivery, h message.HandlerFunc, o Outcome) ([]*message.Message, error) {
+	start := time.Now()
+	out, err := h(d.msg)
+	d.ev.HandlerDuration = time.Since(start)
+	if err != nil {
+		d.ev.Err = errors.Join(d.ev.Err, err)
+	}
+	m.finish(d, o, nil, nil)
+	return out, err
+}
+
+// release gives the lease up after a failure. A failure to release is
+// logged: the lease then runs out by itself within LeaseTTL.
+func (m *Idempotency) release(d *delivery, lease backends.Lease) {
+	ctx, cancel := context.WithTimeout(d.ctx, m.cfg.StoreTimeout)
+	defer cancel()
+	if err := m.cfg.Store.Release(ctx, lease); err != nil {
+		m.cfg.Logger.Error("idempotency: release failed; the lease will run out by itself", err, m.fields(d))
+	}
+}
+
+// finish reports the outcome and returns what the handler should return.
+// When err is nil, a non-nil d.ev.Err is kept as the event's error.
+func (m *Idempotency) finish(d *delivery, o Outcome, out []*message.Message, err error) ([]*message.Message, error) {
+	d.ev.Outcome = o
+	if err != nil {
+		d.ev.Err = err
+	}
+	m.log(d)
+	if m.cfg.Observer != nil {
+		m.cfg.Observer.Observe(d.ctx, d.ev)
+	}
+	return out, err
+}
+
+func (m *Idempotency) fields(d *delivery) watermill.LogFields {
+	f := watermill.LogFields{"idempotency_key": d.key, "message_uuid": d.ev.MessageUUID}
+	if d.ev.Lease.Token != 0 {
+		f["fencing_token"] = d.ev.Lease.Token
+		f["attempt"] = d.ev.Lease.Attempt
+	}
+	if d.ev.Waited > 0 {
+		f["waited"] = d.ev.Waited
+	}
+	return f
+}
+
+func (m *Idempotency) log(d *delivery) {
+	f := m.fields(d).Add(watermill.LogFields{"outcome": d.ev.Outcome.String()})
+	switch o := d.ev.Outcome; o {
+	case OutcomeProcessed, OutcomeHandlerFailed:
+		// Routine; the router logs handler errors itself.
+		m.cfg.Logger.Trace("idempotency: "+o.String(), f)
+	case OutcomeDuplicate, OutcomeInProgress:
+		m.cfg.Logger.Debug("idempotency: "+o.String(), f)
+	default:
+		m.cfg.Logger.Error("idempotency: "+o.String(), d.ev.Err, f)
+	}
+}

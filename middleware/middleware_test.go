@@ -1,0 +1,497 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/memstore"
+	"github.com/watermill-idempotency/idempotency/keyfunc"
+	"github.com/watermill-idempotency/idempotency/middleware"
+)
+
+// These tests call the wrapped handler directly, as the router would, to
+// look at exactly what it returns: a nil error means the router acks.
+
+func ok(*message.Message) ([]*message.Message, error) { return nil, nil }
+
+// Many goroutines deliver the same key at once while the body runs. No
+// call may return success before the body has finished.
+func TestConcurrentDeliveriesNeverAckedWhileRunning(t *testing.T) {
+	const n = 50
+	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), nil)
+	var runs atomic.Int32
+	var bodyDone atomic.Bool
+	release := make(chan struct{})
+	h := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		runs.Add(1)
+		<-release
+		bodyDone.Store(true)
+		return nil, nil
+	})
+
+	var wg sync.WaitGroup
+	var ackedEarly, acked atomic.Int32
+	for range n {
+		wg.Go(func() {
+			_, err := h(newMsg("k", "x"))
+			if err == nil {
+				acked.Add(1)
+				if !bodyDone.Load() {
+					ackedEarly.Add(1)
+				}
+			}
+		})
+	}
+	waitFor(t, "body running", func() bool { return runs.Load() == 1 })
+	waitFor(t, "the others waiting", func() bool { return counters.Waited() == 0 && total(counters) == 0 })
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	wg.Wait()
+
+	require.EqualValues(t, 1, runs.Load())
+	require.Zero(t, ackedEarly.Load(), "a duplicate was acked while the body ran")
+	require.EqualValues(t, n, acked.Load(), "every delivery acked after completion")
+	require.EqualValues(t, n-1, counters.Count(middleware.OutcomeDuplicate))
+}
+
+func TestInProgressAfterWaitIsNacked(t *testing.T) {
+	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+		c.InProgressWait = 30 * time.Millisecond
+	})
+	release := make(chan struct{})
+	var runs atomic.Int32
+	h := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); <-release; return nil, nil })
+	holderDone := make(chan error)
+	go func() { _, err := h(newMsg("k", "x")); holderDone <- err }()
+	waitFor(t, "holder running", func() bool { return runs.Load() == 1 })
+	_, err := h(newMsg("k", "x"))
+	var ipe *middleware.InProgressError
+	require.ErrorAs(t, err, &ipe)
+	require.ErrorIs(t, err, middleware.ErrInProgress)
+	require.Equal(t, "test:k", ipe.Key)
+	require.Positive(t, ipe.Remaining)
+	require.GreaterOrEqual(t, ipe.Waited, 30*time.Millisecond)
+	require.Positive(t, counters.Count(middleware.OutcomeInProgress))
+	close(release)
+	require.NoError(t, <-holderDone)
+}
+
+func TestNegativeWaitNacksAtOnce(t *testing.T) {
+	store := &faultStore{Store: memstore.New(memstore.Options{})}
+	m, _ := newMiddleware(t, store, func(c *middleware.Config) { c.InProgressWait = -1 })
+	_, err := store.Store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "other", LeaseTTL: time.Minute, Retention: time.Minute})
+	require.NoError(t, err)
+	before := store.acquires.Load()
+	_, err = m.Middleware(ok)(newMsg("k", "x"))
+	require.ErrorIs(t, err, middleware.ErrInProgress)
+	require.EqualValues(t, 1, store.acquires.Load()-before, "one look, no polling")
+}
+
+// A holder that crashed stops renewing; a duplicate waits for its lease to
+// run out and takes over.
+func TestTakeoverOfCrashedHolder(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	m, counters := newMiddleware(t, store, nil)
+	crashed, err := store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "crashed", LeaseTTL: 100 * time.Millisecond, Retention: time.Minute})
+	require.NoError(t, err)
+
+	var got backends.Lease
+	_, err = m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		got, _ = middleware.LeaseFromContext(msg.Context())
+		return nil, nil
+	})(newMsg("k", "x"))
+	require.NoError(t, err)
+	require.True(t, got.Takeover)
+	require.Greater(t, got.Token, crashed.Lease.Token)
+	require.Equal(t, 2, got.Attempt)
+	require.EqualValues(t, 1, counters.Takeovers())
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeProcessed))
+}
+
+// A holder that fails releases the key; a duplicate waiting for it takes
+// the key at once and processes it.
+func TestWaitingDuplicateProcessesAfterHolderFails(t *testing.T) {
+	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), nil)
+	release := make(chan struct{})
+	var runs atomic.Int32
+	h := m.Middleware(func(*message.Message) ([]*message.Message, error) {
+		if runs.Add(1) == 1 {
+			<-release
+			return nil, errBoom
+		}
+		return nil, nil
+	})
+	first := make(chan error)
+	go func() { _, err := h(newMsg("k", "x")); first <- err }()
+	waitFor(t, "holder running", func() bool { return runs.Load() == 1 })
+	second := make(chan error)
+	go func() { _, err := h(newMsg("k", "x")); second <- err }()
+	time.Sleep(20 * time.Millisecond)
+	close(release)
+	require.ErrorIs(t, <-first, errBoom)
+	require.NoError(t, <-second)
+	require.EqualValues(t, 2, runs.Load())
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeProcessed))
+	require.EqualValues(t, 1, counters.Waited())
+}
+
+func TestPanicReleasesAndRepanics(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	m, counters := newMiddleware(t, store, nil)
+	h := m.Middleware(func(*message.Message) ([]*message.Message, error) { panic("handler bug") })
+	func() {
+		defer func() { require.Equal(t, "handler bug", recover(), "the original panic goes on") }()
+		_, _ = h(newMsg("k", "x"))
+	}()
+	rec, err := store.Inspect(context.Background(), "test:k")
+	require.NoError(t, err)
+	require.Equal(t, backends.StateReleased, rec.State)
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeHandlerFailed))
+}
+
+func TestHandlerErrorReleasesAndIsReturned(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	m, _ := newMiddleware(t, store, nil)
+	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, errBoom })(newMsg("k", "x"))
+	require.ErrorIs(t, err, errBoom)
+	rec, err := store.Inspect(context.Background(), "test:k")
+	require.NoError(t, err)
+	require.Equal(t, backends.StateReleased, rec.State)
+}
+
+func TestLeaseIsInTheHandlerContext(t *testing.T) {
+	m, _ := newMiddleware(t, memstore.New(memstore.Options{}), nil)
+	msg := newMsg("k", "x")
+	orig := msg.Context()
+	var lease backends.Lease
+	var ok bool
+	_, err := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		lease, ok = middleware.LeaseFromContext(msg.Context())
+		return nil, nil
+	})(msg)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, "test:k", lease.Key)
+	require.Positive(t, lease.Token)
+	require.Equal(t, 1, lease.Attempt)
+	require.Equal(t, orig, msg.Context(), "the message's context is restored after the handler")
+	_, ok = middleware.LeaseFromContext(context.Background())
+	require.False(t, ok)
+}
+
+// An operator deletes the key while the handler runs (or another worker
+// takes it over): the next renewal finds the lease lost, the handler's
+// context is cancelled with ErrLeaseLost, and the message is nacked.
+func TestLeaseLostCancelsHandlerAndNacks(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.LeaseTTL = 60 * time.Millisecond })
+	var cause error
+	out, err := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		require.NoError(t, store.Delete(context.Background(), "test:k"))
+		<-msg.Context().Done()
+		cause = context.Cause(msg.Context())
+		return []*message.Message{newMsg("out", "x")}, nil // even a success is not acked
+	})(newMsg("k", "x"))
+	require.ErrorIs(t, cause, middleware.ErrLeaseLost)
+	require.ErrorIs(t, err, middleware.ErrLeaseLost)
+	require.Nil(t, out, "no output is published for a lost lease")
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeLeaseLost))
+}
+
+// The store becomes unreachable while the handler runs: renewals hang and
+// fail. The handler's context is cancelled while the lease is still live
+// on the store, so no other worker can have taken over yet.
+func TestStoreUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
+	inner := memstore.New(memstore.Options{})
+	store := &faultStore{Store: inner}
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.LeaseTTL = 150 * time.Millisecond })
+	var stateAtCancel backends.State
+	_, err := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		store.set(func(f *faultStore) { f.renewErr = errors.New("connection refused") })
+		<-msg.Context().Done()
+		rec, err := inner.Inspect(context.Background(), "test:k")
+		require.NoError(t, err)
+		stateAtCancel = rec.State
+		return nil, msg.Context().Err()
+	})(newMsg("k", "x"))
+	require.ErrorIs(t, err, middleware.ErrLeaseLost)
+	require.Equal(t, backends.StateInProgress, stateAtCancel, "cancelled before the lease expired on the store")
+	require.Positive(t, store.renews.Load())
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeLeaseLost))
+}
+
+// Renewals keep a long handler's lease: a duplicate arriving after several
+// TTLs still finds it in progress.
+func TestRenewalKeepsLongHandlerLease(t *testing.T) {
+	store := &faultStore{Store: memstore.New(memstore.Options{})}
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
+		c.LeaseTTL = 60 * time.Millisecond
+		c.InProgressWait = -1
+	})
+	release := make(chan struct{})
+	done := make(chan error)
+	go func() {
+		_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { <-release; return nil, nil })(newMsg("k", "x"))
+		done <- err
+	}()
+	waitFor(t, "several renewals", func() bool { return store.renews.Load() >= 5 })
+	_, err := m.Middleware(ok)(newMsg("k", "x"))
+	require.ErrorIs(t, err, middleware.ErrInProgress, "the renewed lease still holds after five renewals")
+	close(release)
+	require.NoError(t, <-done)
+	require.EqualValues(t, 0, counters.Takeovers())
+}
+
+func TestStoreDownFailsClosed(t *testing.T) {
+	store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.StoreTimeout = 50 * time.Millisecond })
+	var runs atomic.Int32
+	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil })(newMsg("k", "x"))
+	require.ErrorIs(t, err, middleware.ErrStore)
+	require.Zero(t, runs.Load())
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeStoreError))
+	require.Greater(t, store.acquires.Load(), int64(1), "retried within StoreTimeout")
+}
+
+func TestStoreDownFailOpen(t *testing.T) {
+	store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
+		c.StoreTimeout = 50 * time.Millisecond
+		c.FailOpen = true
+	})
+	var runs atomic.Int32
+	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil })(newMsg("k", "x"))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, runs.Load())
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeUnprotected))
+}
+
+// The store applied the Acquire but the reply was lost; the retry with the
+// same owner gets the lease back rather than finding it in progress.
+func TestAmbiguousAcquireRetriedReentrantly(t *testing.T) {
+	store := &faultStore{Store: memstore.New(memstore.Options{}), ambiguous: 1}
+	m, counters := newMiddleware(t, store, nil)
+	var lease backends.Lease
+	_, err := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		lease, _ = middleware.LeaseFromContext(msg.Context())
+		return nil, nil
+	})(newMsg("k", "x"))
+	require.NoError(t, err)
+	require.True(t, lease.Reentrant)
+	require.EqualValues(t, 2, store.acquires.Load())
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeProcessed))
+}
+
+// A completion the store cannot record still acks: a nack would run the
+// handler again for certain.
+func TestCompleteFailureStillAcks(t *testing.T) {
+	store := &faultStore{Store: memstore.New(memstore.Options{}), completeErr: errors.New("connection reset")}
+	m, counters := newMiddleware(t, store, nil)
+	out, err := m.Middleware(func(*message.Message) ([]*message.Message, error) {
+		return []*message.Message{newMsg("o", "x")}, nil
+	})(newMsg("k", "x"))
+	require.NoError(t, err)
+	require.Len(t, out, 1, "the output is still published")
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeProcessedNotRecorded))
+}
+
+func TestKeyErrors(t *testing.T) {
+	var runs atomic.Int32
+	run := func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil }
+	tests := []struct {
+		name string
+		cfg  func(c *middleware.Config)
+		msg  *message.Message
+		want error
+	}{
+		{"missing metadata", func(c *middleware.Config) { c.Key = keyfunc.Metadata("Idempotency-Key") }, newMsg("u", ""), keyfunc.ErrNoKey},
+		{"malformed json", func(c *middleware.Config) { c.Key = keyfunc.JSONField("id") }, newMsg("u", "{"), keyfunc.ErrMalformedPayload},
+		{"empty uuid", nil, newMsg("", "x"), keyfunc.ErrNoKey},
+		{"too long", nil, newMsg(strings.Repeat("x", 600), "x"), middleware.ErrKeyTooLong},
+		{"too long with namespace", func(c *middleware.Config) { c.MaxKeyBytes = 10 }, newMsg("123456", "x"), middleware.ErrKeyTooLong},
+		{"no namespace outside a router", func(c *middleware.Config) { c.Namespace = "" }, newMsg("u", "x"), middleware.ErrNoNamespace},
+		{"custom extractor returns empty", func(c *middleware.Config) {
+			c.Key = keyfunc.Func(func(*message.Message) (string, error) { return "", nil })
+		}, newMsg("u", "x"), nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m, counters := newMiddleware(t, memstore.New(memstore.Options{}), tc.cfg)
+			_, err := m.Middleware(run)(tc.msg)
+			var ke *middleware.KeyError
+			require.ErrorAs(t, err, &ke)
+			require.Equal(t, tc.msg.UUID, ke.MessageUUID)
+			require.True(t, middleware.IsKeyError(err))
+			if tc.want != nil {
+				require.ErrorIs(t, err, tc.want)
+			}
+			require.EqualValues(t, 1, counters.Count(middleware.OutcomeKeyError))
+		})
+	}
+	require.Zero(t, runs.Load(), "the handler never ran for a message without a key")
+}
+
+func TestKeyErrorProcessPolicy(t *testing.T) {
+	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+		c.Key = keyfunc.Metadata("k")
+		c.OnKeyError = middleware.KeyErrorProcess
+	})
+	var runs atomic.Int32
+	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil })(newMsg("u", "x"))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, runs.Load())
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeUnprotected))
+}
+
+func TestFingerprintMismatch(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
+		c.Key = keyfunc.Metadata("k")
+		c.Fingerprint = middleware.PayloadFingerprint
+	})
+	withKey := func(payload string) *message.Message {
+		msg := newMsg("u-"+payload, payload)
+		msg.Metadata.Set("k", "order-1")
+		return msg
+	}
+	var runs atomic.Int32
+	h := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil })
+	_, err := h(withKey("amount=10"))
+	require.NoError(t, err)
+	_, err = h(withKey("amount=10"))
+	require.NoError(t, err, "same payload: a duplicate")
+	_, err = h(withKey("amount=99"))
+	require.ErrorIs(t, err, middleware.ErrFingerprintMismatch)
+	require.EqualValues(t, 1, runs.Load())
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeFingerprintMismatch))
+
+	// While in progress, a mismatch is rejected without waiting, and a
+	// mismatching delivery that acquires a released key releases it again.
+	release := make(chan struct{})
+	hold := m.Middleware(func(*message.Message) ([]*message.Message, error) { <-release; return nil, errBoom })
+	msg := newMsg("u", "a")
+	msg.Metadata.Set("k", "order-2")
+	held := make(chan error)
+	go func() { _, err := hold(msg); held <- err }()
+	waitFor(t, "order-2 held", func() bool {
+		rec, err := store.Inspect(context.Background(), "test:order-2")
+		return err == nil && rec.State == backends.StateInProgress
+	})
+	other := newMsg("u2", "b")
+	other.Metadata.Set("k", "order-2")
+	_, err = h(other)
+	require.ErrorIs(t, err, middleware.ErrFingerprintMismatch)
+	close(release)
+	require.ErrorIs(t, <-held, errBoom)
+	_, err = h(other)
+	require.ErrorIs(t, err, middleware.ErrFingerprintMismatch)
+	rec, err := store.Inspect(context.Background(), "test:order-2")
+	require.NoError(t, err)
+	require.Equal(t, backends.StateReleased, rec.State, "the mismatching delivery gave the key back")
+}
+
+func TestFingerprintMismatchIgnorePolicy(t *testing.T) {
+	var events []middleware.Event
+	var mu sync.Mutex
+	m, _ := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+		c.Key = keyfunc.Metadata("k")
+		c.Fingerprint = middleware.PayloadFingerprint
+		c.OnFingerprintMismatch = middleware.MismatchIgnore
+		c.Observer = middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) {
+			mu.Lock()
+			events = append(events, ev)
+			mu.Unlock()
+		})
+	})
+	for _, p := range []string{"a", "b"} {
+		msg := newMsg("u-"+p, p)
+		msg.Metadata.Set("k", "same")
+		_, err := m.Middleware(ok)(msg)
+		require.NoError(t, err)
+	}
+	require.Len(t, events, 2)
+	require.Equal(t, middleware.OutcomeDuplicate, events[1].Outcome)
+	require.True(t, events[1].FingerprintMismatch)
+}
+
+func TestOutputTooLargeReleases(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.MaxOutputBytes = 100 })
+	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) {
+		return []*message.Message{newMsg("o", strings.Repeat("x", 200))}, nil
+	})(newMsg("k", "x"))
+	require.ErrorIs(t, err, middleware.ErrOutputTooLarge)
+	rec, err := store.Inspect(context.Background(), "test:k")
+	require.NoError(t, err)
+	require.Equal(t, backends.StateReleased, rec.State)
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeOutputTooLarge))
+}
+
+func TestCorruptStoredOutputIsAnError(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	res, err := store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, store.Complete(context.Background(), res.Lease, time.Minute, []byte{9, 9, 9}))
+	m, _ := newMiddleware(t, store, nil)
+	_, err = m.Middleware(ok)(newMsg("k", "x"))
+	require.ErrorIs(t, err, middleware.ErrCorruptOutput)
+}
+
+func TestMessageContextCancelledWhileWaiting(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	_, err := store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "other", LeaseTTL: time.Minute, Retention: time.Minute})
+	require.NoError(t, err)
+	m, _ := newMiddleware(t, store, nil)
+	msg := newMsg("k", "x")
+	ctx, cancel := context.WithCancel(context.Background())
+	msg.SetContext(ctx)
+	time.AfterFunc(30*time.Millisecond, cancel)
+	_, err = m.Middleware(ok)(msg)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, middleware.ErrInProgress)
+}
+
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	tests := map[string]middleware.Config{
+		"no store":              {},
+		"bad extractor":         {Store: store, Key: keyfunc.JSONField()},
+		"negative lease":        {Store: store, LeaseTTL: -time.Second},
+		"lease too short":       {Store: store, LeaseTTL: time.Millisecond},
+		"negative retention":    {Store: store, Retention: -time.Hour},
+		"negative poll":         {Store: store, PollInterval: -1},
+		"max poll below poll":   {Store: store, PollInterval: time.Second, MaxPollInterval: time.Millisecond},
+		"negative timeout":      {Store: store, StoreTimeout: -1},
+		"negative max key":      {Store: store, MaxKeyBytes: -1},
+		"namespace fills key":   {Store: store, Namespace: "abcdef", MaxKeyBytes: 7},
+		"negative max output":   {Store: store, MaxOutputBytes: -1},
+		"unknown key policy":    {Store: store, OnKeyError: 7},
+		"unknown mismatch pol.": {Store: store, OnFingerprintMismatch: 7},
+	}
+	for name, cfg := range tests {
+		m, err := middleware.New(cfg)
+		require.ErrorIs(t, err, middleware.ErrInvalidConfig, name)
+		require.Nil(t, m, name)
+	}
+	_, err := middleware.New(middleware.Config{LeaseTTL: -1, Retention: -1})
+	require.ErrorContains(t, err, "Store is required")
+	require.ErrorContains(t, err, "LeaseTTL")
+	require.ErrorContains(t, err, "Retention", "every invalid field is listed")
+}
+
+func TestNewDoesNotModifyCallersConfig(t *testing.T) {
+	cfg := middleware.Config{Store: memstore.New(memstore.Options{})}
+	before := cfg
+	_, err := middleware.New(cfg)
+	require.NoError(t, err)
+	require.Equal(t, before, cfg)
+}
