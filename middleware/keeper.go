@@ -27,18 +27,19 @@ type keeper struct {
 	margin  time.Duration
 	timeout time.Duration
 	cancel  context.CancelCauseFunc
+	base    context.Context // not cancelled by ack or nack
 
-	renewCtx    context.Context
-	renewCancel context.CancelFunc
-
-	mu       sync.Mutex
-	timer    *time.Timer
-	deadline time.Time
-	stopped  bool
-	lost     error
-	running  sync.WaitGroup
+	mu          sync.Mutex
+	timer       *time.Timer
+	deadline    time.Time
+	stopped     bool
+	lost        error
+	renewCancel context.CancelFunc // of the renewal under way, if any
+	running     sync.WaitGroup
 }
 
+// startKeeper starts renewing lease. base must not be cancelled by the
+// message's ack or nack; cancel cancels the handler's context.
 func startKeeper(base context.Context, store backends.Store, lease backends.Lease, ttl, timeout time.Duration, sentAt time.Time, cancel context.CancelCauseFunc) *keeper {
 	k := &keeper{
 		store:    store,
@@ -47,9 +48,9 @@ func startKeeper(base context.Context, store backends.Store, lease backends.Leas
 		margin:   ttl / 10,
 		timeout:  timeout,
 		cancel:   cancel,
+		base:     base,
 		deadline: sentAt.Add(ttl),
 	}
-	k.renewCtx, k.renewCancel = context.WithCancel(context.WithoutCancel(base))
 	k.mu.Lock()
 	k.timer = time.AfterFunc(ttl/3, k.tick)
 	k.mu.Unlock()
@@ -64,14 +65,15 @@ func (k *keeper) tick() {
 	}
 	k.running.Add(1)
 	cutoff := k.deadline.Add(-k.margin)
-	k.mu.Unlock()
-	defer k.running.Done()
-
 	until := time.Now().Add(k.timeout)
 	if cutoff.Before(until) {
 		until = cutoff
 	}
-	ctx, cancel := context.WithDeadline(k.renewCtx, until)
+	ctx, cancel := context.WithDeadline(k.base, until)
+	k.renewCancel = cancel
+	k.mu.Unlock()
+	defer k.running.Done()
+
 	sent := time.Now()
 	err := k.store.Renew(ctx, k.lease, k.ttl)
 	cancel()
@@ -107,7 +109,9 @@ func (k *keeper) stop() error {
 	k.mu.Lock()
 	k.stopped = true
 	k.timer.Stop()
-	k.renewCancel()
+	if k.renewCancel != nil {
+		k.renewCancel()
+	}
 	k.mu.Unlock()
 	k.running.Wait()
 	k.mu.Lock()

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -31,6 +34,24 @@ func New(cfg Config) (*Idempotency, error) {
 		return nil, err
 	}
 	return &Idempotency{cfg: cfg}, nil
+}
+
+// Owner tokens are unique per delivery attempt: 64 random bits chosen once
+// per process, then a counter. That is as unique as a random token per
+// attempt and much cheaper.
+var (
+	ownerPrefix = func() string {
+		b := make([]byte, 8)
+		_, _ = crand.Read(b)
+		return hex.EncodeToString(b) + "-"
+	}()
+	ownerSeq atomic.Uint64
+)
+
+func newOwner() string {
+	var buf [40]byte
+	b := append(buf[:0], ownerPrefix...)
+	return string(strconv.AppendUint(b, ownerSeq.Add(1), 36))
 }
 
 type leaseCtxKey struct{}
@@ -75,7 +96,7 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 		return m.finish(d, OutcomeKeyError, nil, err)
 	}
 	d.key, d.ev.Key = key, key
-	d.owner = crand.Text()
+	d.owner = newOwner()
 	if m.cfg.Fingerprint != nil {
 		d.fp = m.cfg.Fingerprint(msg)
 	}
@@ -303,7 +324,11 @@ func (m *Idempotency) finish(d *delivery, o Outcome, out []*message.Message, err
 }
 
 func (m *Idempotency) fields(d *delivery) watermill.LogFields {
-	f := watermill.LogFields{"idempotency_key": d.key, "message_uuid": d.ev.MessageUUID}
+	f := make(watermill.LogFields, 6)
+	f["idempotency_key"], f["message_uuid"] = d.key, d.ev.MessageUUID
+	if d.ev.Outcome != 0 {
+		f["outcome"] = d.ev.Outcome.String()
+	}
 	if d.ev.Lease.Token != 0 {
 		f["fencing_token"] = d.ev.Lease.Token
 		f["attempt"] = d.ev.Lease.Attempt
@@ -315,7 +340,10 @@ func (m *Idempotency) fields(d *delivery) watermill.LogFields {
 }
 
 func (m *Idempotency) log(d *delivery) {
-	f := m.fields(d).Add(watermill.LogFields{"outcome": d.ev.Outcome.String()})
+	if _, nop := m.cfg.Logger.(watermill.NopLogger); nop {
+		return // spare building the fields
+	}
+	f := m.fields(d)
 	switch o := d.ev.Outcome; o {
 	case OutcomeProcessed, OutcomeHandlerFailed:
 		// Routine; the router logs handler errors itself.

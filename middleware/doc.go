@@ -1,0 +1,64 @@
+// Package middleware is a Watermill router middleware that runs a handler at
+// most once to completion per idempotency key, on any broker, without
+// losing messages.
+//
+//	idem, err := middleware.New(middleware.Config{
+//		Store: redisstore.New(client, redisstore.Options{}), // or memstore, pgstore
+//		Key:   keyfunc.JSONField("order_id"),
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	router.AddMiddleware(idem.Middleware)
+//
+// # What happens to a delivery
+//
+// The key is extracted ([keyfunc]) and prefixed with the namespace (the
+// handler name by default). Then the middleware takes a processing lease on
+// the key in the store:
+//
+//   - Acquired: the handler runs. The lease is renewed every LeaseTTL/3.
+//     On success the key is completed together with the handler's produced
+//     messages, and the message is acked. On an error or a panic the lease
+//     is released and the message is nacked, so the redelivery runs.
+//   - Completed: the work is done. The handler does not run; the stored
+//     output is returned (and so published again) and the message is acked.
+//   - In progress: another worker holds the lease. This delivery waits
+//     (bounded, with backoff) and then acks if the holder completed, takes
+//     over if the holder failed or its lease ran out, and otherwise returns
+//     an [*InProgressError] so the message is nacked. An in-flight duplicate
+//     is never acked: if the holder then failed, no copy would be left to
+//     retry it.
+//
+// Every delivery ends in one [Outcome], reported to [Config.Observer].
+//
+// # Produced messages are never lost
+//
+// The router publishes a handler's produced messages after the middleware
+// returns, and acks after that. If the publish fails, the message is
+// nacked and redelivered, and the key is already completed. So the
+// middleware stores the produced messages with the completion record (up
+// to [Config.MaxOutputBytes]) and returns them again for every delivery of
+// a completed key: the side effect runs once, the output is published at
+// least once with its original UUIDs. Consumers downstream can deduplicate
+// it by UUID with this same middleware.
+//
+// # Lease keeping and fencing
+//
+// If a renewal reports the lease lost, or the store cannot be reached
+// before the lease would expire, the handler's context is cancelled with a
+// cause wrapping [ErrLeaseLost] and the message is nacked, never acked.
+// The lease, with its fencing token, is in the handler's context
+// ([LeaseFromContext]) so systems the handler writes to can reject writes
+// from a stale holder.
+//
+// # Errors
+//
+// Bad input never panics and is never dropped silently: [New] returns an
+// error wrapping [ErrInvalidConfig]; a message without a usable key gets a
+// [*KeyError] (route it with Watermill's PoisonQueueWithFilter and
+// [IsKeyError]); a payload that differs from the one its key was first seen
+// with gets [ErrFingerprintMismatch] when [Config.Fingerprint] is set. A
+// store that cannot be reached nacks the message ([ErrStore]) unless
+// [Config.FailOpen] is set.
+package middleware
