@@ -341,3 +341,41 @@ func TestOutcomesAckedMatchesRouterBehaviour(t *testing.T) {
 	require.True(t, middleware.OutcomeDuplicate.Acked())
 	require.False(t, middleware.OutcomeInProgress.Acked(), "an in-flight duplicate is never acked")
 }
+
+// The chain the configuration guide recommends: poison queue outermost,
+// then idempotency, then Retry. Retries run under one lease; a key error
+// goes to the poison queue without being retried.
+func TestRouterRecommendedChainWithRetryAndPoisonQueue(t *testing.T) {
+	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+		c.Key = keyfunc.Metadata("order")
+	})
+	var attempts atomic.Int32
+	var tokens sync.Map
+	env := newRouter(t, func(r *message.Router, ps *gochannel.GoChannel) {
+		poison, err := wmiddleware.PoisonQueue(ps, "poison")
+		require.NoError(t, err)
+		retry := wmiddleware.Retry{MaxRetries: 3, InitialInterval: time.Millisecond}
+		r.AddConsumerHandler("h", "in", ps, func(msg *message.Message) error {
+			lease, _ := middleware.LeaseFromContext(msg.Context())
+			tokens.Store(lease.Token, true)
+			if attempts.Add(1) < 3 {
+				return errBoom
+			}
+			return nil
+		}).AddMiddleware(poison, m.Middleware, retry.Middleware)
+	})
+	poisoned := env.collect(t, "poison")
+	good := newMsg("m1", "x")
+	good.Metadata.Set("order", "o-1")
+	env.publish(t, "in", good, newMsg("no-key", "x"))
+
+	waitFor(t, "processed", func() bool { return counters.Count(middleware.OutcomeProcessed) == 1 })
+	waitFor(t, "poisoned", func() bool { return len(poisoned()) == 1 })
+	require.EqualValues(t, 3, attempts.Load(), "two retries, then success")
+	n := 0
+	tokens.Range(func(any, any) bool { n++; return true })
+	require.Equal(t, 1, n, "every retry ran under the same lease")
+	require.Equal(t, "no-key", poisoned()[0].UUID)
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeKeyError), "the key error was not retried")
+	require.Zero(t, counters.Count(middleware.OutcomeHandlerFailed))
+}

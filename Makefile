@@ -1,0 +1,41 @@
+# Every target explains itself: run `make help`.
+GO          ?= go
+TEST_FLAGS  ?= -race -count=1
+BENCH_COUNT ?= 6
+BENCH_DIR   ?= .bench
+MODULES     := . examples
+TOOL_MODS   := tools
+
+SHELL       := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: demo
+demo: ## Run the demo: in-memory store and GoChannel, no services needed
+	cd examples && $(GO) run ./quickstart
+
+.PHONY: test
+test: ## Run every test of the library and the examples with the race detector
+	$(GO) test $(TEST_FLAGS) ./...
+	cd examples && $(GO) test $(TEST_FLAGS) ./...
+
+.PHONY: bench
+bench: ## Run the benchmarks and print them against their baselines
+	@mkdir -p $(BENCH_DIR)
+	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./middleware/ | tee $(BENCH_DIR)/middleware.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./keyfunc/ | tee $(BENCH_DIR)/keyfunc.txt
+	@echo; echo "== middleware per message, against Watermill's Deduplicator (base) and no middleware"
+	cd tools && $(GO) tool benchstat -col '/mw@(deduplicator idempotency none)' ../$(BENCH_DIR)/middleware.txt
+	@echo; echo "== key extraction"
+	cd tools && $(GO) tool benchstat ../$(BENCH_DIR)/keyfunc.txt
+
+.PHONY: lint
+lint: ## Check formatting, go vet and that go.mod files are tidy
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(GO) mod tidy -diff) || exit 1; done
+	@for m in $(TOOL_MODS); do (cd $$m && $(GO) mod tidy -diff) || exit 1; done
+	@echo "lint ok"
