@@ -172,8 +172,8 @@ func (m *Idempotency) mismatch(d *delivery, res backends.AcquireResult) bool {
 // was lost) is safe because Acquire is re-entrant for the same owner. It
 // also returns when the successful call was sent, which starts the lease.
 func (m *Idempotency) acquire(d *delivery) (backends.AcquireResult, time.Time, error) {
-	ctx, cancel := context.WithTimeout(d.ctx, m.cfg.StoreTimeout)
-	defer cancel()
+	ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
+	defer ctx.stop()
 	req := backends.AcquireRequest{Key: d.key, Owner: d.owner, LeaseTTL: m.cfg.LeaseTTL, Retention: m.cfg.Retention, Fingerprint: d.fp}
 	backoff := 10 * time.Millisecond
 	for {
@@ -275,8 +275,8 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 		return m.finish(d, OutcomeOutputTooLarge, nil, fmt.Errorf("%w: %d messages encode to %d bytes, the limit is %d",
 			ErrOutputTooLarge, len(out), len(encoded), m.cfg.MaxOutputBytes))
 	}
-	ctx, cancelStore := context.WithTimeout(d.ctx, m.cfg.StoreTimeout)
-	defer cancelStore()
+	ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
+	defer ctx.stop()
 	switch err := m.cfg.Store.Complete(ctx, lease, m.cfg.Retention, encoded); {
 	case errors.Is(err, backends.ErrLeaseLost):
 		return m.finish(d, OutcomeLeaseLost, nil, fmt.Errorf("%w: at completion: %w", ErrLeaseLost, err))
@@ -302,8 +302,8 @@ func (m *Idempotency) runUnprotected(d *delivery, h message.HandlerFunc, o Outco
 // release gives the lease up after a failure. A failure to release is
 // logged: the lease then runs out by itself within LeaseTTL.
 func (m *Idempotency) release(d *delivery, lease backends.Lease) {
-	ctx, cancel := context.WithTimeout(d.ctx, m.cfg.StoreTimeout)
-	defer cancel()
+	ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
+	defer ctx.stop()
 	if err := m.cfg.Store.Release(ctx, lease); err != nil {
 		m.cfg.Logger.Error("idempotency: release failed; the lease will run out by itself", err, m.fields(d))
 	}

@@ -1,0 +1,254 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
+
+var _ backends.Store = (*Store)(nil)
+
+var (
+	//go:embed acquire.lua
+	acquireSrc string
+	//go:embed renew.lua
+	renewSrc string
+	//go:embed complete.lua
+	completeSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed inspect.lua
+	inspectSrc string
+	//go:embed delete.lua
+	deleteSrc string
+
+	acquireScript  = redis.NewScript(acquireSrc)
+	renewScript    = redis.NewScript(renewSrc)
+	completeScript = redis.NewScript(completeSrc)
+	releaseScript  = redis.NewScript(releaseSrc)
+	inspectScript  = redis.NewScript(inspectSrc)
+	deleteScript   = redis.NewScript(deleteSrc)
+)
+
+// DefaultPrefix is the default [Options.Prefix].
+const DefaultPrefix = "idempotency:"
+
+// ErrNilClient is returned by [New] without a client.
+var ErrNilClient = errors.New("redisstore: nil client")
+
+// Options configures a [Store]. The zero value is ready to use.
+type Options struct {
+	// Prefix is prepended to every key, to keep the store's records apart
+	// from other data in the same Redis. Defaults to DefaultPrefix. Set it
+	// to a distinct value per environment or application sharing a server.
+	Prefix string
+}
+
+// Store is a [backends.Store] on Redis. Create it with [New].
+type Store struct {
+	client redis.Scripter
+	prefix string
+}
+
+// New returns a store that runs its scripts through client: a
+// *redis.Client, *redis.ClusterClient, *redis.Ring, a Sentinel failover
+// client or any redis.UniversalClient. It returns [ErrNilClient] for a nil
+// client. It does not contact the server.
+func New(client redis.Scripter, opts Options) (*Store, error) {
+	if client == nil {
+		return nil, ErrNilClient
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultPrefix
+	}
+	return &Store{client: client, prefix: opts.Prefix}, nil
+}
+
+func (s *Store) redisKey(key string) []string { return []string{s.prefix + key} }
+
+// ms converts d to whole milliseconds, rounding up: Redis keeps time in
+// milliseconds, and a lease must never be shorter than asked for.
+func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+
+// Acquire implements [backends.Store].
+func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
+	if err := req.Validate(); err != nil {
+		return backends.AcquireResult{}, err
+	}
+	vals, err := acquireScript.Run(ctx, s.client, s.redisKey(req.Key),
+		req.Owner, ms(req.LeaseTTL), ms(req.Retention), req.Fingerprint).Slice()
+	if err != nil {
+		return backends.AcquireResult{}, opError(ctx, "acquire", err)
+	}
+	return parseAcquire(req, vals)
+}
+
+func parseAcquire(req backends.AcquireRequest, vals []any) (backends.AcquireResult, error) {
+	bad := func() (backends.AcquireResult, error) {
+		return backends.AcquireResult{}, fmt.Errorf("redisstore: acquire: unexpected reply %v", vals)
+	}
+	if len(vals) < 3 {
+		return bad()
+	}
+	outcome, _ := vals[0].(int64)
+	var res backends.AcquireResult
+	switch outcome {
+	case 1:
+		if len(vals) != 5 {
+			return bad()
+		}
+		token, _ := vals[1].(int64)
+		attempt, _ := vals[2].(int64)
+		flags, _ := vals[3].(int64)
+		res.Outcome = backends.OutcomeAcquired
+		res.Lease = backends.Lease{
+			Key: req.Key, Owner: req.Owner, Token: token, Attempt: int(attempt),
+			Takeover: flags == 1, Reentrant: flags == 2,
+		}
+		res.Fingerprint = bytesOrNil(vals[4])
+	case 2:
+		remaining, _ := vals[1].(int64)
+		res.Outcome = backends.OutcomeInProgress
+		res.Remaining = time.Duration(remaining) * time.Millisecond
+		res.Fingerprint = bytesOrNil(vals[2])
+	case 3:
+		if len(vals) != 4 {
+			return bad()
+		}
+		at, _ := vals[1].(int64)
+		res.Outcome = backends.OutcomeCompleted
+		res.CompletedAt = time.UnixMilli(at)
+		res.Fingerprint = bytesOrNil(vals[2])
+		res.Output = bytesOrNil(vals[3])
+	default:
+		return bad()
+	}
+	return res, nil
+}
+
+// opError wraps a failed call's error. go-redis reports a context deadline
+// reached during a read as a network timeout, sometimes a moment before the
+// context itself is done; joining the context's error lets the caller see
+// the deadline with errors.Is.
+func opError(ctx context.Context, op string, err error) error {
+	ctxErr := ctx.Err()
+	if d, ok := ctx.Deadline(); ctxErr == nil && ok && !time.Now().Before(d) {
+		ctxErr = context.DeadlineExceeded
+	}
+	if ctxErr != nil && !errors.Is(err, ctxErr) {
+		err = errors.Join(err, ctxErr)
+	}
+	return fmt.Errorf("redisstore: %s: %w", op, err)
+}
+
+func bytesOrNil(v any) []byte {
+	if s, ok := v.(string); ok && s != "" {
+		return []byte(s)
+	}
+	return nil
+}
+
+// checked runs a script that answers 1 when the lease held and 0 when it
+// did not.
+func (s *Store) checked(ctx context.Context, op string, script *redis.Script, lease backends.Lease, args ...any) error {
+	if err := backends.ValidateLease(lease); err != nil {
+		return err
+	}
+	args = append([]any{lease.Owner, lease.Token}, args...)
+	n, err := script.Run(ctx, s.client, s.redisKey(lease.Key), args...).Int64()
+	if err != nil {
+		return opError(ctx, op, err)
+	}
+	if n != 1 {
+		return backends.ErrLeaseLost
+	}
+	return nil
+}
+
+// Renew implements [backends.Store].
+func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
+	if err := backends.ValidateTTL("lease TTL", ttl, false); err != nil {
+		return err
+	}
+	return s.checked(ctx, "renew", renewScript, lease, ms(ttl))
+}
+
+// Complete implements [backends.Store].
+func (s *Store) Complete(ctx context.Context, lease backends.Lease, retention time.Duration, output []byte) error {
+	if err := backends.ValidateTTL("retention", retention, true); err != nil {
+		return err
+	}
+	return s.checked(ctx, "complete", completeScript, lease, ms(retention), output)
+}
+
+// Release implements [backends.Store].
+func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
+	return s.checked(ctx, "release", releaseScript, lease)
+}
+
+// Inspect implements [backends.Store].
+func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
+	vals, err := inspectScript.Run(ctx, s.client, s.redisKey(key)).Slice()
+	if errors.Is(err, redis.Nil) {
+		return backends.Record{}, backends.ErrNotFound
+	}
+	if err != nil {
+		return backends.Record{}, opError(ctx, "inspect", err)
+	}
+	if len(vals) < 2 || len(vals)%2 != 0 {
+		return backends.Record{}, fmt.Errorf("redisstore: inspect: unexpected reply of %d values", len(vals))
+	}
+	nowMs, _ := vals[0].(int64)
+	pttl, _ := vals[1].(int64)
+	now := time.UnixMilli(nowMs)
+	f := make(map[string]string, (len(vals)-2)/2)
+	for i := 2; i+1 < len(vals); i += 2 {
+		k, _ := vals[i].(string)
+		v, _ := vals[i+1].(string)
+		f[k] = v
+	}
+	num := func(k string) int64 { n, _ := strconv.ParseInt(f[k], 10, 64); return n }
+	rec := backends.Record{
+		Key:            key,
+		Owner:          f["o"],
+		Token:          num("t"),
+		Attempt:        int(num("a")),
+		LeaseExpiresAt: time.UnixMilli(num("le")),
+		Fingerprint:    bytesOrNil(f["f"]),
+		Output:         bytesOrNil(f["out"]),
+	}
+	if pttl >= 0 {
+		rec.ExpiresAt = now.Add(time.Duration(pttl) * time.Millisecond)
+	}
+	switch {
+	case f["s"] == "3":
+		rec.State = backends.StateCompleted
+		rec.CompletedAt = time.UnixMilli(num("ca"))
+	case f["s"] == "2":
+		rec.State = backends.StateReleased
+	case rec.LeaseExpiresAt.After(now):
+		rec.State = backends.StateInProgress
+	default:
+		rec.State = backends.StateExpired
+	}
+	return rec, nil
+}
+
+// Delete implements [backends.Store].
+func (s *Store) Delete(ctx context.Context, key string) error {
+	n, err := deleteScript.Run(ctx, s.client, s.redisKey(key)).Int64()
+	if err != nil {
+		return opError(ctx, "delete", err)
+	}
+	if n == 0 {
+		return backends.ErrNotFound
+	}
+	return nil
+}

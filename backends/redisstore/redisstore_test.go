@@ -1,0 +1,250 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/redisstore"
+	"github.com/watermill-idempotency/idempotency/backends/storetest"
+	"github.com/watermill-idempotency/idempotency/internal/testserver"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func newStore(t *testing.T, client redis.Scripter) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.New(client, redisstore.Options{Prefix: testserver.Unique("redisstore-test:")})
+	require.NoError(t, err)
+	return s
+}
+
+// The full suite against the shared Redis ($REDIS_ADDR, default
+// 127.0.0.1:6379), each test under its own key prefix.
+func TestConformance(t *testing.T) {
+	client := testserver.RedisClient(t)
+	storetest.Run(t, func(t *testing.T) storetest.Fixture {
+		return storetest.Fixture{Store: newStore(t, client)}
+	})
+}
+
+// The full suite against a real three-master Redis Cluster.
+func TestConformanceCluster(t *testing.T) {
+	addrs := testserver.StartRedisCluster(t, 3)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = client.Close() })
+	t.Run("suite", func(t *testing.T) { // returns once the parallel tests are done
+		storetest.Run(t, func(t *testing.T) storetest.Fixture {
+			return storetest.Fixture{Store: newStore(t, client)}
+		})
+	})
+
+	// The suite's keys spread over every master: the store is not leaning
+	// on one slot.
+	var used atomic.Int32
+	require.NoError(t, client.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+		n, err := c.DBSize(ctx).Result()
+		if n > 0 {
+			used.Add(1)
+		}
+		return err
+	}))
+	require.EqualValues(t, 3, used.Load())
+}
+
+func TestNewRejectsNilClient(t *testing.T) {
+	s, err := redisstore.New(nil, redisstore.Options{})
+	require.ErrorIs(t, err, redisstore.ErrNilClient)
+	require.Nil(t, s)
+}
+
+func TestKeyLayout(t *testing.T) {
+	client := testserver.RedisClient(t)
+	s, err := redisstore.New(client, redisstore.Options{Prefix: "layout-test:"})
+	require.NoError(t, err)
+	ctx := context.Background()
+	key := testserver.Unique("k")
+	t.Cleanup(func() { client.Del(context.Background(), "layout-test:"+key) })
+
+	res, err := s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o", LeaseTTL: 10 * time.Second, Retention: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, "hash", client.Type(ctx, "layout-test:"+key).Val(), "one hash per key, under the prefix")
+	ttl := client.PTTL(ctx, "layout-test:"+key).Val()
+	require.Greater(t, ttl, time.Hour, "kept for the lease plus the retention")
+	require.LessOrEqual(t, ttl, time.Hour+10*time.Second)
+
+	require.NoError(t, s.Complete(ctx, res.Lease, 2*time.Hour, []byte("out")))
+	ttl = client.PTTL(ctx, "layout-test:"+key).Val()
+	require.Greater(t, ttl, time.Hour+59*time.Minute, "kept for the completion's retention")
+}
+
+// clientWithHook wraps a real client with a go-redis hook.
+func clientWithHook(t *testing.T, addr string, hook redis.Hook, opts ...func(*redis.Options)) *redis.Client {
+	o := &redis.Options{Addr: addr}
+	for _, fn := range opts {
+		fn(o)
+	}
+	c := redis.NewClient(o)
+	if hook != nil {
+		c.AddHook(hook)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// loseReplies is a hook that lets a command reach Redis and run, then
+// reports a timeout in place of its reply: the ambiguous failure.
+type loseReplies struct{ n atomic.Int32 }
+
+func (h *loseReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *loseReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *loseReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil && h.n.Add(-1) >= 0 {
+			err = errors.New("read tcp: i/o timeout")
+			cmd.SetErr(err)
+		}
+		return err
+	}
+}
+
+func TestAmbiguousAcquireRetryGetsTheLeaseBack(t *testing.T) {
+	shared := testserver.RedisClient(t)
+	hook := &loseReplies{}
+	client := clientWithHook(t, shared.Options().Addr, hook)
+	s := newStore(t, client)
+	ctx := context.Background()
+	req := backends.AcquireRequest{Key: "k", Owner: "owner-1", LeaseTTL: time.Minute, Retention: time.Minute}
+
+	require.NoError(t, client.Ping(ctx).Err()) // connect first: the hook is for the script's reply
+	hook.n.Store(1)
+	_, err := s.Acquire(ctx, req)
+	require.ErrorContains(t, err, "i/o timeout", "the reply was lost")
+	rec, err := s.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, "owner-1", rec.Owner, "but Redis applied the acquire")
+
+	res, err := s.Acquire(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, backends.OutcomeAcquired, res.Outcome, "the retry is not told the key is in progress")
+	require.True(t, res.Lease.Reentrant, "%+v", res)
+	require.Equal(t, 1, res.Lease.Attempt)
+
+	other, err := s.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "owner-2", LeaseTTL: time.Minute, Retention: time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, backends.OutcomeInProgress, other.Outcome)
+}
+
+func TestScriptFlushIsHarmless(t *testing.T) {
+	r := testserver.StartRedis(t)
+	client := clientWithHook(t, r.Addr(), nil)
+	s := newStore(t, client)
+	ctx := context.Background()
+	res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
+	require.NoError(t, err)
+
+	require.NoError(t, client.ScriptFlush(ctx).Err())
+	require.NoError(t, s.Renew(ctx, res.Lease, time.Minute), "NOSCRIPT falls back to EVAL")
+	require.NoError(t, client.ScriptFlush(ctx).Err())
+	require.NoError(t, s.Complete(ctx, res.Lease, time.Minute, nil))
+	require.NoError(t, client.ScriptFlush(ctx).Err())
+	rec, err := s.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, backends.StateCompleted, rec.State)
+}
+
+// A hung server (paused with SIGSTOP): every call returns by its context's
+// deadline with an error, none hangs.
+func TestHungServerHonoursContextDeadline(t *testing.T) {
+	r := testserver.StartRedis(t)
+	client := clientWithHook(t, r.Addr(), nil, func(o *redis.Options) {
+		o.ContextTimeoutEnabled = true // without it go-redis bounds reads by ReadTimeout only
+		o.ReadTimeout = time.Minute
+		o.MaxRetries = -1
+	})
+	s := newStore(t, client)
+	require.NoError(t, client.Ping(context.Background()).Err())
+	r.Pause()
+	t.Cleanup(r.Resume)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := s.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, time.Since(start), 5*time.Second, "returned at the deadline, not hung")
+}
+
+// Every connection of a one-connection pool is busy: the store's call
+// fails with the pool's timeout rather than waiting forever.
+func TestPoolExhaustion(t *testing.T) {
+	shared := testserver.RedisClient(t)
+	client := clientWithHook(t, shared.Options().Addr, nil, func(o *redis.Options) {
+		o.PoolSize = 1
+		o.PoolTimeout = 100 * time.Millisecond
+		o.ReadTimeout = -1 // no read deadline, so the blocking call below holds its connection
+		o.MaxRetries = -1
+	})
+	s := newStore(t, client)
+	blockKey := testserver.Unique("blocker")
+	blocked := make(chan struct{})
+	go func() {
+		defer close(blocked)
+		client.BLPop(context.Background(), 2*time.Second, blockKey) // holds the only connection
+	}()
+	time.Sleep(100 * time.Millisecond)
+
+	_, err := s.Acquire(context.Background(), backends.AcquireRequest{Key: "k", Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
+	require.ErrorIs(t, err, redis.ErrPoolTimeout)
+	<-blocked
+	res, err := s.Acquire(context.Background(), backends.AcquireRequest{Key: "k", Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
+	require.NoError(t, err, "the pool recovers once the connection is back")
+	require.Equal(t, backends.OutcomeAcquired, res.Outcome)
+}
+
+// Redis restarted without persistence forgets everything: completed keys,
+// leases, fencing tokens. The test pins down exactly what a user sees, as
+// docs/redis.md describes it.
+func TestRestartWithoutPersistenceLosesState(t *testing.T) {
+	r := testserver.StartRedis(t)
+	client := clientWithHook(t, r.Addr(), nil)
+	s := newStore(t, client)
+	ctx := context.Background()
+	req := func(owner string) backends.AcquireRequest {
+		return backends.AcquireRequest{Key: "k", Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour}
+	}
+
+	done, err := s.Acquire(ctx, backends.AcquireRequest{Key: "done", Owner: "a", LeaseTTL: time.Minute, Retention: time.Hour})
+	require.NoError(t, err)
+	require.NoError(t, s.Complete(ctx, done.Lease, time.Hour, nil))
+	var held backends.Lease
+	for i := range 3 { // push the token up to 3
+		res, err := s.Acquire(ctx, req("holder-"+string(rune('a'+i))))
+		require.NoError(t, err)
+		held = res.Lease
+		if i < 2 {
+			require.NoError(t, s.Release(ctx, held))
+		}
+	}
+	require.EqualValues(t, 3, held.Token)
+
+	r.Restart()
+
+	require.ErrorIs(t, s.Renew(ctx, held, time.Minute), backends.ErrLeaseLost, "the holder learns at its next renewal")
+	again, err := s.Acquire(ctx, backends.AcquireRequest{Key: "done", Owner: "b", LeaseTTL: time.Minute, Retention: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, backends.OutcomeAcquired, again.Outcome, "a completed key is forgotten: its duplicate runs again")
+	res, err := s.Acquire(ctx, req("new"))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Lease.Token, "fencing tokens start again from 1")
+}

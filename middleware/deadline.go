@@ -1,0 +1,85 @@
+package middleware
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// deadlineCtx bounds a store call by a deadline, like context.WithDeadline
+// on a parent that is never cancelled (the message's context without its
+// cancellation). It creates its Done channel and timer only when Done is
+// called: a store that only checks Err (the in-memory store) costs no
+// timer, one that selects on Done (a network client) gets one. Err is
+// consistent with Done: non-nil exactly when Done is, or would be, closed.
+type deadlineCtx struct {
+	context.Context // never cancelled
+	deadline        time.Time
+
+	mu      sync.Mutex
+	done    chan struct{}
+	timer   *time.Timer
+	expired bool
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func withDeadline(parent context.Context, d time.Duration) *deadlineCtx {
+	return &deadlineCtx{Context: parent, deadline: time.Now().Add(d)}
+}
+
+func (c *deadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *deadlineCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.checkLocked()
+	}
+	if c.done == nil {
+		c.done = make(chan struct{})
+		c.timer = time.AfterFunc(time.Until(c.deadline), c.expire)
+	}
+	return c.done
+}
+
+func (c *deadlineCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.checkLocked()
+	}
+	if c.expired {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// checkLocked marks the context expired if its deadline has passed and no
+// timer will do it. The caller holds c.mu and c.done is nil.
+func (c *deadlineCtx) checkLocked() {
+	if !time.Now().Before(c.deadline) {
+		c.expired, c.done = true, closedChan
+	}
+}
+
+func (c *deadlineCtx) expire() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.expired {
+		c.expired = true
+		close(c.done)
+	}
+}
+
+// stop releases the timer, if one was made. Like a CancelFunc, call it
+// when the call is over.
+func (c *deadlineCtx) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+}
+
+func (c *deadlineCtx) String() string { return "idempotency.deadlineCtx" }

@@ -1,0 +1,56 @@
+package middleware
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestDeadlineCtxWithoutDone(t *testing.T) {
+	c := withDeadline(context.Background(), 20*time.Millisecond)
+	defer c.stop()
+	d, ok := c.Deadline()
+	require.True(t, ok)
+	require.WithinDuration(t, time.Now().Add(20*time.Millisecond), d, 10*time.Millisecond)
+	require.NoError(t, c.Err())
+	time.Sleep(30 * time.Millisecond)
+	require.ErrorIs(t, c.Err(), context.DeadlineExceeded)
+	select {
+	case <-c.Done():
+	default:
+		t.Fatal("Done must be closed once Err reported the deadline")
+	}
+}
+
+func TestDeadlineCtxDoneClosesAtDeadline(t *testing.T) {
+	c := withDeadline(context.Background(), 20*time.Millisecond)
+	defer c.stop()
+	done := c.Done()
+	require.NoError(t, c.Err(), "Err is nil while Done is open")
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done never closed")
+	}
+	require.ErrorIs(t, c.Err(), context.DeadlineExceeded)
+	require.Equal(t, done, c.Done(), "the same channel every time")
+}
+
+func TestDeadlineCtxStopAndChildren(t *testing.T) {
+	c := withDeadline(context.WithValue(context.Background(), leaseCtxKey{}, "v"), time.Hour)
+	require.Equal(t, "v", c.Value(leaseCtxKey{}), "values come from the parent")
+	child, cancel := context.WithCancel(c)
+	cancel()
+	require.ErrorIs(t, child.Err(), context.Canceled)
+	require.NoError(t, c.Err(), "a child's cancel does not reach the parent")
+	c.stop()
+	require.NoError(t, c.Err())
+
+	expired := withDeadline(context.Background(), -time.Second)
+	require.ErrorIs(t, expired.Err(), context.DeadlineExceeded)
+	sub, cancelSub := context.WithTimeout(expired, time.Hour)
+	defer cancelSub()
+	require.ErrorIs(t, sub.Err(), context.DeadlineExceeded, "children see the deadline")
+}
