@@ -3,7 +3,7 @@ GO          ?= go
 TEST_FLAGS  ?= -race -count=1
 BENCH_COUNT ?= 6
 BENCH_DIR   ?= .bench
-MODULES     := . examples
+MODULES     := . examples benchmarks
 TOOL_MODS   := tools
 
 SHELL       := bash
@@ -24,7 +24,15 @@ test: ## Run every test of the library and the examples with the race detector
 	cd examples && $(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: bench
-bench: ## Run the benchmarks and print them against their baselines
+bench: bench-core bench-redis ## Run every benchmark and print it against its baselines
+
+.PHONY: bench-redis
+bench-redis: ## Benchmark the Redis store against redis-benchmark and redislock (REDIS_ADDR)
+	@mkdir -p $(BENCH_DIR)
+	cd benchmarks && $(GO) run ./redisbench -addr $${REDIS_ADDR:-127.0.0.1:6379} | tee ../$(BENCH_DIR)/redis.txt
+
+.PHONY: bench-core
+bench-core: ## Benchmark the middleware on the in-memory store against Watermill's Deduplicator
 	@mkdir -p $(BENCH_DIR)
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./middleware/ | tee $(BENCH_DIR)/middleware.txt
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./keyfunc/ | tee $(BENCH_DIR)/keyfunc.txt

@@ -1,6 +1,6 @@
 module github.com/watermill-idempotency/idempotency/examples
 
-go 1.25.0
+go 1.26.0
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.3

@@ -12,17 +12,17 @@ local owner, ttl, retention, fp = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]),
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local r = redis.call('HMGET', key, 's', 'o', 't', 'a', 'le', 'f', 'ca', 'out')
+local r = redis.call('HMGET', key, 's', 'o', 't', 'a', 'le', 'f')
 local state, stored_fp = r[1], r[6]
 if not stored_fp and fp ~= '' then
+  -- The record adopts the first fingerprint it is given, whatever happens next.
   stored_fp = fp
-  if state then
-    redis.call('HSET', key, 'f', fp)
-  end
+  redis.call('HSET', key, 'f', fp)
 end
 
 if state == '3' then
-  return {3, tonumber(r[7]), stored_fp or false, r[8] or false}
+  local c = redis.call('HMGET', key, 'ca', 'out')
+  return {3, tonumber(c[1]), stored_fp or false, c[2] or false}
 end
 
 local token, attempt, flags
@@ -38,8 +38,5 @@ else
 end
 
 redis.call('HSET', key, 's', 1, 'o', owner, 't', token, 'a', attempt, 'le', now + ttl, 'r', retention)
-if stored_fp then
-  redis.call('HSET', key, 'f', stored_fp)
-end
 redis.call('PEXPIRE', key, ttl + retention)
 return {1, token, attempt, flags, stored_fp or false}

@@ -11,6 +11,10 @@ if retention <= 0 then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[1], 's', 3, 'ca', now, 'out', ARGV[4])
+if ARGV[4] == '' then
+  redis.call('HSET', KEYS[1], 's', 3, 'ca', now)
+else
+  redis.call('HSET', KEYS[1], 's', 3, 'ca', now, 'out', ARGV[4])
+end
 redis.call('PEXPIRE', KEYS[1], retention)
 return 1

@@ -1,0 +1,333 @@
+// Command redisbench measures the Redis store against the server's own limit
+// and against the lock a Go developer would otherwise reach for, all in one
+// run, on one server, at one client concurrency:
+//
+//	(a) redis-benchmark running an equivalent single-key SET NX PX script
+//	(b) the store's Acquire+Complete cycles per second
+//	(c) github.com/bsm/redislock Obtain+Release cycles per second
+//	(d) the middleware end to end on a GoChannel router: the latency it adds
+//	    per message, in Redis round trips (a PING measured in the same run),
+//	    and against two back-to-back PINGs and the store's own two calls
+//
+// It prints a table with the ratios, and the memory one completed record
+// takes.
+//
+//	go run ./redisbench -addr 127.0.0.1:6379 -clients 50 -duration 5s
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/csv"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/bsm/redislock"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/redisstore"
+	"github.com/watermill-idempotency/idempotency/middleware"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:6379", "Redis address")
+	clients := flag.Int("clients", 50, "concurrent clients for (a), (b) and (c)")
+	duration := flag.Duration("duration", 5*time.Second, "how long to run (b) and (c)")
+	requests := flag.Int("requests", 200000, "requests for redis-benchmark (a)")
+	messages := flag.Int("messages", 3000, "messages for (d)")
+	rounds := flag.Int("rounds", 3, "rounds of (a), (b) and (c), interleaved; medians are reported")
+	flag.Parse()
+	if err := run(*addr, *clients, *duration, *requests, *messages, *rounds); err != nil {
+		fmt.Fprintln(os.Stderr, "redisbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(addr string, clients int, duration time.Duration, requests, messages, rounds int) error {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: clients, ContextTimeoutEnabled: true})
+	defer client.Close()
+	if err := client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis at %s: %w", addr, err)
+	}
+	prefix := fmt.Sprintf("redisbench:%d:", time.Now().UnixNano())
+	defer cleanup(client, prefix)
+	store, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
+	if err != nil {
+		return err
+	}
+
+	rtt, err := pingRTT(ctx, client, 5000, 1)
+	if err != nil {
+		return err
+	}
+	rtt2, err := pingRTT(ctx, client, 5000, 2)
+	if err != nil {
+		return err
+	}
+	acquireComplete := func(ctx context.Context, key string) error {
+		res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: key, LeaseTTL: 30 * time.Second, Retention: time.Minute})
+		if err != nil {
+			return err
+		}
+		if res.Outcome != backends.OutcomeAcquired {
+			return fmt.Errorf("key %s: %v", key, res.Outcome)
+		}
+		return store.Complete(ctx, res.Lease, time.Minute, nil)
+	}
+	locker := redislock.New(client)
+	obtainRelease := func(ctx context.Context, key string) error {
+		l, err := locker.Obtain(ctx, prefix+"lock:"+key, 30*time.Second, nil)
+		if err != nil {
+			return err
+		}
+		return l.Release(ctx)
+	}
+	// Interleave the three so that drift in the machine's load hits each
+	// alike, and report medians.
+	var limits, ourRuns, lockRuns []float64
+	for round := range rounds {
+		steps := []func() error{
+			func() error {
+				v, err := redisBenchmark(addr, clients, requests, prefix)
+				limits = append(limits, v)
+				return err
+			},
+			func() error {
+				v, err := cycles(clients, duration, acquireComplete)
+				ourRuns = append(ourRuns, v)
+				return err
+			},
+			func() error {
+				v, err := cycles(clients, duration, obtainRelease)
+				lockRuns = append(lockRuns, v)
+				return err
+			},
+		}
+		for i := range steps {
+			if err := steps[(i+round)%len(steps)](); err != nil {
+				return err
+			}
+		}
+	}
+	limit, ours, lock := median(limits), median(ourRuns), median(lockRuns)
+	pair, err := sequential(messages, acquireComplete)
+	if err != nil {
+		return err
+	}
+	bare, err := routerLatency(nil, messages)
+	if err != nil {
+		return err
+	}
+	idem, err := middleware.New(middleware.Config{Store: store})
+	if err != nil {
+		return err
+	}
+	withStore, err := routerLatency(idem.Middleware, messages)
+	if err != nil {
+		return err
+	}
+	mem, err := recordMemory(ctx, client, store, prefix)
+	if err != nil {
+		return err
+	}
+
+	added := withStore - bare
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "Redis store benchmark: %s, %d clients, %v per throughput run, median of %d interleaved rounds\n\n", addr, clients, duration, rounds)
+	fmt.Fprintln(w, "measure\tvalue\tratio\tgoal\t")
+	fmt.Fprintf(w, "PING round trip (one client)\t%s\t\t\t\n", us(rtt))
+	fmt.Fprintf(w, "two PINGs back to back\t%s\t%.2f round trips\t\t\n", us(rtt2), float64(rtt2)/float64(rtt))
+	fmt.Fprintf(w, "(a) redis-benchmark EVAL SET NX PX\t%s ops/s\t\t\t\n", count(limit))
+	fmt.Fprintf(w, "(b) Acquire+Complete\t%s cycles/s\t%.3f × (a)/2\t≥ 0.80\t\n", count(ours), ours/(limit/2))
+	fmt.Fprintf(w, "(c) redislock Obtain+Release\t%s cycles/s\t%.3f = (b)/(c)\t≥ 1.00\t\n", count(lock), ours/lock)
+	fmt.Fprintf(w, "(d) router, no middleware\t%s per message\t\t\t\n", us(bare))
+	fmt.Fprintf(w, "(d) router, Redis store\t%s per message\t\t\t\n", us(withStore))
+	fmt.Fprintf(w, "(d) added by the middleware\t%s\t%.2f round trips\t≤ 2.5\t\n", us(added), float64(added)/float64(rtt))
+	fmt.Fprintf(w, "(d) the same against back-to-back PINGs\t\t%.2f × two PINGs\t\t\n", float64(added)/float64(rtt2))
+	fmt.Fprintf(w, "Acquire+Complete back to back, one client\t%s\t%.2f round trips\t\t\n", us(pair), float64(pair)/float64(rtt))
+	fmt.Fprintf(w, "(d) against the store's own two calls\t\t%.2f × Acquire+Complete\t\t\n", float64(added)/float64(pair))
+	fmt.Fprintf(w, "memory per completed record\t%d bytes\t\t\t\n", mem)
+	return w.Flush()
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond)) }
+
+func count(f float64) string { return strconv.FormatFloat(math.Round(f), 'f', 0, 64) }
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+// pingRTT returns the median time of per PINGs sent one after another,
+// over n samples.
+func pingRTT(ctx context.Context, c *redis.Client, n, per int) (time.Duration, error) {
+	lat := make([]time.Duration, n)
+	for i := range lat {
+		start := time.Now()
+		for range per {
+			if err := c.Ping(ctx).Err(); err != nil {
+				return 0, err
+			}
+		}
+		lat[i] = time.Since(start)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return lat[n/2], nil
+}
+
+// redisBenchmark runs redis-benchmark with a script equivalent to the
+// store's acquire at its simplest: one key, SET NX PX.
+func redisBenchmark(addr string, clients, requests int, prefix string) (float64, error) {
+	host, port, _ := strings.Cut(addr, ":")
+	bin, err := exec.LookPath("redis-benchmark")
+	if err != nil {
+		return 0, fmt.Errorf("redis-benchmark is not installed (apt-get install -y redis-tools): %w", err)
+	}
+	out, err := exec.Command(bin, "-h", host, "-p", port, "-c", strconv.Itoa(clients), "-n", strconv.Itoa(requests),
+		"-r", "100000000", "--csv",
+		"EVAL", "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000)", "1", prefix+"rb:__rand_int__", "v").CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("redis-benchmark: %w\n%s", err, out)
+	}
+	r := csv.NewReader(bufio.NewReader(bytes.NewReader(out)))
+	recs, err := r.ReadAll()
+	if err != nil {
+		return 0, fmt.Errorf("redis-benchmark output: %w\n%s", err, out)
+	}
+	for _, rec := range recs {
+		if len(rec) >= 2 && rec[0] != "test" {
+			return strconv.ParseFloat(rec[1], 64)
+		}
+	}
+	return 0, fmt.Errorf("redis-benchmark printed no result:\n%s", out)
+}
+
+// keySeq numbers keys across every run, so no key is used twice.
+var keySeq atomic.Int64
+
+// cycles runs op on fresh keys from n goroutines for d and returns
+// operations per second.
+func cycles(n int, d time.Duration, op func(ctx context.Context, key string) error) (float64, error) {
+	var done atomic.Int64
+	var firstErr atomic.Value
+	stop := time.Now().Add(d)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			ctx := context.Background()
+			for time.Now().Before(stop) {
+				if err := op(ctx, "k"+strconv.FormatInt(keySeq.Add(1), 10)); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return 0, err
+	}
+	return float64(done.Load()) / time.Since(start).Seconds(), nil
+}
+
+// sequential returns the median time of op, run n times one after another.
+func sequential(n int, op func(ctx context.Context, key string) error) (time.Duration, error) {
+	lat := make([]time.Duration, n)
+	for i := range lat {
+		key := "s" + strconv.FormatInt(keySeq.Add(1), 10)
+		start := time.Now()
+		if err := op(context.Background(), key); err != nil {
+			return 0, err
+		}
+		lat[i] = time.Since(start)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return lat[n/2], nil
+}
+
+// routerLatency publishes messages one at a time through a GoChannel
+// router, each waiting for its ack, and returns the median latency.
+func routerLatency(mw message.HandlerMiddleware, n int) (time.Duration, error) {
+	logger := watermill.NopLogger{}
+	ps := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, logger)
+	defer ps.Close()
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		return 0, err
+	}
+	h := router.AddConsumerHandler("bench", "in", ps, func(*message.Message) error { return nil })
+	if mw != nil {
+		h.AddMiddleware(mw)
+	}
+	go func() { _ = router.Run(context.Background()) }()
+	defer router.Close()
+	<-router.Running()
+
+	lat := make([]time.Duration, n)
+	for i := range lat {
+		msg := message.NewMessage(watermill.NewUUID(), []byte("x"))
+		start := time.Now()
+		if err := ps.Publish("in", msg); err != nil {
+			return 0, err
+		}
+		lat[i] = time.Since(start)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return lat[n/2], nil
+}
+
+// recordMemory returns what Redis reports for one completed record with a
+// UUID-sized key and no output.
+func recordMemory(ctx context.Context, c *redis.Client, store *redisstore.Store, prefix string) (int64, error) {
+	key := "orders:" + watermill.NewUUID()
+	res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: watermill.NewULID(), LeaseTTL: time.Minute, Retention: time.Hour})
+	if err != nil {
+		return 0, err
+	}
+	if err := store.Complete(ctx, res.Lease, time.Hour, nil); err != nil {
+		return 0, err
+	}
+	n, err := c.MemoryUsage(ctx, prefix+key).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, errors.New("record not found")
+	}
+	return n, err
+}
+
+// cleanup removes the run's keys.
+func cleanup(c *redis.Client, prefix string) {
+	ctx := context.Background()
+	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 1000 {
+			c.Unlink(ctx, batch...)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		c.Unlink(ctx, batch...)
+	}
+}
