@@ -2,8 +2,12 @@
 // most once to completion per idempotency key, on any broker, without
 // losing messages.
 //
+//	store, err := redisstore.New(client, redisstore.Options{}) // or memstore.New for one process
+//	if err != nil {
+//		return err
+//	}
 //	idem, err := middleware.New(middleware.Config{
-//		Store: redisstore.New(client, redisstore.Options{}), // or memstore, pgstore
+//		Store: store,
 //		Key:   keyfunc.JSONField("order_id"),
 //	})
 //	if err != nil {

@@ -165,67 +165,54 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	return res, nil
 }
 
-// held returns the lease's record if the lease still holds it. The caller
-// holds s.mu.
-func (s *Store) held(l backends.Lease, now time.Time) (*record, error) {
+// update runs fn on the lease's record if the lease still holds it, under
+// the store's lock; otherwise it returns ErrLeaseLost. durErr is the
+// caller's validation of its duration argument.
+func (s *Store) update(ctx context.Context, l backends.Lease, durErr error, fn func(r *record, now time.Time)) error {
+	if err := backends.ValidateLease(l); err != nil {
+		return err
+	}
+	if durErr != nil {
+		return durErr
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
 	r := s.live(l.Key, now)
 	if r == nil || r.state != stateInProgress || r.owner != l.Owner || r.token != l.Token {
-		return nil, backends.ErrLeaseLost
+		return backends.ErrLeaseLost
 	}
-	return r, nil
+	fn(r, now)
+	return nil
 }
 
 // Renew implements [backends.Store].
 func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
-	if err := validate(ctx, lease, backends.ValidateTTL("lease TTL", ttl, false)); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	r, err := s.held(lease, now)
-	if err != nil {
-		return err
-	}
-	r.leaseExpires = now.Add(ttl)
-	r.forgetAt = r.leaseExpires.Add(r.retention)
-	return nil
+	return s.update(ctx, lease, backends.ValidateTTL("lease TTL", ttl, false), func(r *record, now time.Time) {
+		r.leaseExpires = now.Add(ttl)
+		r.forgetAt = r.leaseExpires.Add(r.retention)
+	})
 }
 
 // Complete implements [backends.Store].
 func (s *Store) Complete(ctx context.Context, lease backends.Lease, retention time.Duration, output []byte) error {
-	if err := validate(ctx, lease, backends.ValidateTTL("retention", retention, true)); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	r, err := s.held(lease, now)
-	if err != nil {
-		return err
-	}
-	r.state = stateCompleted
-	r.completedAt = now
-	r.forgetAt = now.Add(retention)
-	r.output = bytes.Clone(output)
-	return nil
+	return s.update(ctx, lease, backends.ValidateTTL("retention", retention, true), func(r *record, now time.Time) {
+		r.state = stateCompleted
+		r.completedAt = now
+		r.forgetAt = now.Add(retention)
+		r.output = bytes.Clone(output)
+	})
 }
 
 // Release implements [backends.Store].
 func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
-	if err := validate(ctx, lease, nil); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	r, err := s.held(lease, now)
-	if err != nil {
-		return err
-	}
-	r.state = stateReleased
-	r.forgetAt = now.Add(r.retention)
-	return nil
+	return s.update(ctx, lease, nil, func(r *record, now time.Time) {
+		r.state = stateReleased
+		r.forgetAt = now.Add(r.retention)
+	})
 }
 
 // Inspect implements [backends.Store].
@@ -276,14 +263,4 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	}
 	delete(s.records, key)
 	return nil
-}
-
-func validate(ctx context.Context, lease backends.Lease, durErr error) error {
-	if err := backends.ValidateLease(lease); err != nil {
-		return err
-	}
-	if durErr != nil {
-		return durErr
-	}
-	return ctx.Err()
 }

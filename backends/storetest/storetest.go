@@ -175,93 +175,76 @@ func testInProgressForOthers(t *testing.T, s *suite) {
 	require.Zero(t, res.Lease, "an in-progress result carries no lease")
 }
 
-func testConcurrentAcquireOneWinner(t *testing.T, s *suite) {
-	const n = 50
-	key := s.key("k")
-	var acquired, inProgress atomic.Int32
+// acquireAtOnce acquires every key in keys (repeats allowed), each from its
+// own goroutine and with its own owner, all released at the same moment,
+// and returns the results in the order of keys.
+func (s *suite) acquireAtOnce(t *testing.T, keys []string) []backends.AcquireResult {
+	t.Helper()
+	results := make([]backends.AcquireResult, len(keys))
 	var wg sync.WaitGroup
 	start := make(chan struct{})
-	for range n {
+	for i, key := range keys {
 		owner := s.owner()
 		wg.Go(func() {
 			<-start
 			res, err := s.Store.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: long, Retention: long})
 			if err != nil {
 				t.Error(err)
-				return
 			}
-			switch res.Outcome {
-			case backends.OutcomeAcquired:
-				acquired.Add(1)
-			case backends.OutcomeInProgress:
-				inProgress.Add(1)
-			default:
-				t.Errorf("unexpected outcome %v", res.Outcome)
-			}
+			results[i] = res
 		})
 	}
 	close(start)
 	wg.Wait()
-	require.EqualValues(t, 1, acquired.Load())
-	require.EqualValues(t, n-1, inProgress.Load())
+	return results
+}
+
+func repeat(key string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = key
+	}
+	return keys
+}
+
+func testConcurrentAcquireOneWinner(t *testing.T, s *suite) {
+	const n = 50
+	outcomes := map[backends.Outcome]int{}
+	for _, res := range s.acquireAtOnce(t, repeat(s.key("k"), n)) {
+		outcomes[res.Outcome]++
+	}
+	require.Equal(t, map[backends.Outcome]int{backends.OutcomeAcquired: 1, backends.OutcomeInProgress: n - 1}, outcomes)
 }
 
 func testConcurrentAcquireManyKeys(t *testing.T, s *suite) {
 	const keys, perKey = 20, 10
-	winners := make([]atomic.Int32, keys)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
+	var all []string
 	for k := range keys {
-		for range perKey {
-			key, owner := s.key(fmt.Sprint(k)), s.owner()
-			wg.Go(func() {
-				<-start
-				res, err := s.Store.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: long, Retention: long})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if res.Outcome == backends.OutcomeAcquired {
-					winners[k].Add(1)
-				}
-			})
+		all = append(all, repeat(s.key(fmt.Sprint(k)), perKey)...)
+	}
+	winners := map[string]int{}
+	for i, res := range s.acquireAtOnce(t, all) {
+		if res.Outcome == backends.OutcomeAcquired {
+			winners[all[i]]++
 		}
 	}
-	close(start)
-	wg.Wait()
-	for k := range keys {
-		require.EqualValues(t, 1, winners[k].Load(), "key %d", k)
+	require.Len(t, winners, keys)
+	for k, n := range winners {
+		require.Equal(t, 1, n, "key %s", k)
 	}
 }
 
 func testConcurrentTakeoverOneWinner(t *testing.T, s *suite) {
-	const n = 50
 	key := s.key("k")
 	first := s.mustAcquire(t, key, s.owner(), s.ticks(1))
 	s.wait(2)
 
-	var wg sync.WaitGroup
-	var mu sync.Mutex
 	var winners []backends.Lease
-	start := make(chan struct{})
-	for range n {
-		owner := s.owner()
-		wg.Go(func() {
-			<-start
-			res, err := s.Store.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: long, Retention: long})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			if res.Outcome == backends.OutcomeAcquired {
-				mu.Lock()
-				winners = append(winners, res.Lease)
-				mu.Unlock()
-			}
-		})
+	for _, res := range s.acquireAtOnce(t, repeat(key, 50)) {
+		if res.Outcome == backends.OutcomeAcquired {
+			winners = append(winners, res.Lease)
+		}
 	}
-	close(start)
-	wg.Wait()
 	require.Len(t, winners, 1)
 	require.True(t, winners[0].Takeover)
 	require.Greater(t, winners[0].Token, first.Token)
