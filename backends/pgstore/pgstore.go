@@ -1,0 +1,353 @@
+package pgstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
+
+var _ backends.Store = (*Store)(nil)
+
+// DB is what the store needs from Postgres. A *pgxpool.Pool, a *pgx.Conn
+// and a pgx.Tx all satisfy it.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Defaults for [Options].
+const (
+	DefaultSchema = "public"
+	DefaultTable  = "idempotency_keys"
+)
+
+// Errors returned by [New].
+var (
+	ErrNilDB          = errors.New("pgstore: nil DB")
+	ErrInvalidOptions = errors.New("pgstore: invalid options")
+)
+
+// Options configures a [Store]. The zero value is ready to use.
+type Options struct {
+	// Schema holds the table; Migrate creates it if needed.
+	// Defaults to DefaultSchema.
+	Schema string
+	// Table is the records' table. Defaults to DefaultTable.
+	Table string
+	// Unlogged makes Migrate create the table UNLOGGED: writes skip the
+	// write-ahead log (roughly 1.5× the acquire throughput), but a crash of
+	// the server empties the table and it is not replicated. Only for
+	// records you can afford to lose, as with Redis without persistence.
+	// It has no effect on a table that already exists. Defaults to false.
+	Unlogged bool
+}
+
+// Store is a [backends.Store] on Postgres. Create it with [New] and call
+// [Store.Migrate] once before use.
+type Store struct {
+	db   DB
+	opts Options
+	sql  statements
+}
+
+type statements struct {
+	schema, acquire, renew, complete, release, inspect, delete, cleanup string
+}
+
+var (
+	//go:embed schema.sql
+	schemaSQL string
+	//go:embed acquire.sql
+	acquireSQL string
+)
+
+// Whether the existing row r can be taken by the inserting owner, and
+// whether it is that owner's own live lease; used by acquire.sql.
+const (
+	acquirableSQL = `(r.forget_at <= now() OR r.state = 2 OR (r.state = 1 AND (r.owner = excluded.owner OR r.lease_expires_at <= now())))`
+	reentrantSQL  = `(r.forget_at > now() AND r.state = 1 AND r.owner = excluded.owner)`
+)
+
+// New returns a store on db. It does not contact the server.
+func New(db DB, opts Options) (*Store, error) {
+	if db == nil {
+		return nil, ErrNilDB
+	}
+	if opts.Schema == "" {
+		opts.Schema = DefaultSchema
+	}
+	if opts.Table == "" {
+		opts.Table = DefaultTable
+	}
+	if len(opts.Schema) > 63 || len(opts.Table) > 59 {
+		return nil, fmt.Errorf("%w: schema or table name too long for Postgres (63 bytes; the table's index adds 4)", ErrInvalidOptions)
+	}
+	table := pgx.Identifier{opts.Schema, opts.Table}.Sanitize()
+	vars := map[string]string{
+		"Schema":     pgx.Identifier{opts.Schema}.Sanitize(),
+		"Table":      table,
+		"Index":      pgx.Identifier{opts.Table + "_fa"}.Sanitize(),
+		"Acquirable": acquirableSQL,
+		"Reentrant":  reentrantSQL,
+		"Unlogged":   "",
+	}
+	if opts.Unlogged {
+		vars["Unlogged"] = "UNLOGGED"
+	}
+	render := func(src string) string {
+		var b strings.Builder
+		template.Must(template.New("").Parse(src)).Execute(&b, vars) // fixed templates: cannot fail
+		return b.String()
+	}
+	held := `key = $1 AND owner = $2 AND token = $3 AND state = 1 AND forget_at > now()`
+	s := &Store{db: db, opts: opts, sql: statements{
+		schema:  render(schemaSQL),
+		acquire: render(acquireSQL),
+		renew: `UPDATE ` + table + ` SET lease_expires_at = now() + $4::bigint * interval '1 microsecond',
+			forget_at = now() + ($4::bigint + retention_us) * interval '1 microsecond' WHERE ` + held,
+		complete: `UPDATE ` + table + ` SET state = 3, completed_at = now(), output = $5,
+			forget_at = now() + $4::bigint * interval '1 microsecond' WHERE ` + held,
+		release: `UPDATE ` + table + ` SET state = 2,
+			forget_at = now() + retention_us * interval '1 microsecond' WHERE ` + held,
+		inspect: `SELECT state, owner, token, attempt, lease_expires_at, completed_at, forget_at, fingerprint, output, now()
+			FROM ` + table + ` WHERE key = $1 AND forget_at > now()`,
+		delete: `WITH d AS (DELETE FROM ` + table + ` WHERE key = $1 RETURNING forget_at > now() AS live)
+			SELECT count(*) FILTER (WHERE live) FROM d`,
+		cleanup: `DELETE FROM ` + table + ` WHERE key IN (SELECT key FROM ` + table + `
+			WHERE forget_at <= now() ORDER BY forget_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+	}}
+	return s, nil
+}
+
+// Options returns the store's options with defaults applied.
+func (s *Store) Options() Options { return s.opts }
+
+// migrationLockID is the advisory lock Migrate holds while it runs, so that
+// instances starting at once do not race on CREATE ... IF NOT EXISTS.
+const migrationLockID = 0x1de_0_7e47
+
+// Migrate creates the schema, the table and its index if they do not exist.
+// It is idempotent and safe to call from several instances at once.
+func (s *Store) Migrate(ctx context.Context) error {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLockID)); err != nil {
+		return fmt.Errorf("pgstore: migrate: lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, s.sql.schema); err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("pgstore: migrate: commit: %w", err)
+	}
+	return nil
+}
+
+// us converts d to whole microseconds, rounding up, so a lease is never
+// shorter than asked for.
+func us(d time.Duration) int64 { return int64((d + time.Microsecond - 1) / time.Microsecond) }
+
+// Acquire implements [backends.Store].
+func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
+	if err := req.Validate(); err != nil {
+		return backends.AcquireResult{}, err
+	}
+	var (
+		state, how      int16
+		owner           string
+		token           int64
+		attempt         int32
+		leaseExp, now   time.Time
+		completedAt     *time.Time
+		fp, output      []byte
+		fingerprintArgs any
+	)
+	if req.Fingerprint != nil {
+		fingerprintArgs = req.Fingerprint
+	}
+	err := s.db.QueryRow(ctx, s.sql.acquire, []byte(req.Key), req.Owner, us(req.LeaseTTL), us(req.Retention), fingerprintArgs).
+		Scan(&state, &owner, &token, &attempt, &how, &leaseExp, &completedAt, &fp, &output, &now)
+	if err != nil {
+		return backends.AcquireResult{}, fmt.Errorf("pgstore: acquire: %w", err)
+	}
+	res := backends.AcquireResult{Fingerprint: nilIfEmpty(fp)}
+	switch {
+	case state == 3:
+		res.Outcome = backends.OutcomeCompleted
+		if completedAt != nil {
+			res.CompletedAt = *completedAt
+		}
+		res.Output = nilIfEmpty(output)
+	case state == 1 && owner == req.Owner:
+		res.Outcome = backends.OutcomeAcquired
+		res.Lease = backends.Lease{
+			Key: req.Key, Owner: owner, Token: token, Attempt: int(attempt),
+			Takeover: how == 1, Reentrant: how == 2,
+		}
+	case state == 1:
+		res.Outcome = backends.OutcomeInProgress
+		res.Remaining = leaseExp.Sub(now)
+	default:
+		return backends.AcquireResult{}, fmt.Errorf("pgstore: acquire: record of %q in unexpected state %d", req.Key, state)
+	}
+	return res, nil
+}
+
+func nilIfEmpty(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+// held runs an UPDATE that matches only the lease's own live record.
+func (s *Store) held(ctx context.Context, op, sql string, lease backends.Lease, args ...any) error {
+	if err := backends.ValidateLease(lease); err != nil {
+		return err
+	}
+	tag, err := s.db.Exec(ctx, sql, append([]any{[]byte(lease.Key), lease.Owner, lease.Token}, args...)...)
+	if err != nil {
+		return fmt.Errorf("pgstore: %s: %w", op, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return backends.ErrLeaseLost
+	}
+	return nil
+}
+
+// Renew implements [backends.Store].
+func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
+	if err := backends.ValidateTTL("lease TTL", ttl, false); err != nil {
+		return err
+	}
+	return s.held(ctx, "renew", s.sql.renew, lease, us(ttl))
+}
+
+// Complete implements [backends.Store].
+func (s *Store) Complete(ctx context.Context, lease backends.Lease, retention time.Duration, output []byte) error {
+	return s.CompleteTx(ctx, s.db, lease, retention, output)
+}
+
+// CompleteTx completes the lease inside tx, the transaction in which the
+// handler wrote its own rows: if tx commits, the work and its completion
+// are recorded together; if it rolls back, neither is, and the key is
+// retried. tx may be any [DB], a pgx.Tx most usefully. The middleware
+// notices that the handler completed the key and does not complete it
+// again. Encode produced messages for output with middleware.EncodeOutput,
+// so they are replayed if publishing them fails.
+func (s *Store) CompleteTx(ctx context.Context, tx DB, lease backends.Lease, retention time.Duration, output []byte) error {
+	if err := backends.ValidateTTL("retention", retention, true); err != nil {
+		return err
+	}
+	return (&Store{db: tx, sql: s.sql}).held(ctx, "complete", s.sql.complete, lease, us(retention), output)
+}
+
+// Release implements [backends.Store].
+func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
+	return s.held(ctx, "release", s.sql.release, lease)
+}
+
+// Inspect implements [backends.Store].
+func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
+	var (
+		state               int16
+		attempt             int32
+		rec                 = backends.Record{Key: key}
+		completedAt         *time.Time
+		now                 time.Time
+		fingerprint, output []byte
+	)
+	err := s.db.QueryRow(ctx, s.sql.inspect, []byte(key)).Scan(&state, &rec.Owner, &rec.Token, &attempt,
+		&rec.LeaseExpiresAt, &completedAt, &rec.ExpiresAt, &fingerprint, &output, &now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return backends.Record{}, backends.ErrNotFound
+	}
+	if err != nil {
+		return backends.Record{}, fmt.Errorf("pgstore: inspect: %w", err)
+	}
+	rec.Attempt = int(attempt)
+	rec.Fingerprint, rec.Output = nilIfEmpty(fingerprint), nilIfEmpty(output)
+	switch {
+	case state == 3:
+		rec.State = backends.StateCompleted
+		if completedAt != nil {
+			rec.CompletedAt = *completedAt
+		}
+	case state == 2:
+		rec.State = backends.StateReleased
+	case rec.LeaseExpiresAt.After(now):
+		rec.State = backends.StateInProgress
+	default:
+		rec.State = backends.StateExpired
+	}
+	return rec, nil
+}
+
+// Delete implements [backends.Store].
+func (s *Store) Delete(ctx context.Context, key string) error {
+	var n int64
+	if err := s.db.QueryRow(ctx, s.sql.delete, []byte(key)).Scan(&n); err != nil {
+		return fmt.Errorf("pgstore: delete: %w", err)
+	}
+	if n == 0 {
+		return backends.ErrNotFound
+	}
+	return nil
+}
+
+// Cleanup deletes up to batch records past their retention, oldest first,
+// and returns how many it deleted. Records past their retention already
+// count as absent, so cleanup only reclaims space; it never changes what
+// the store answers. Concurrent cleanups skip each other's rows.
+func (s *Store) Cleanup(ctx context.Context, batch int) (int64, error) {
+	if batch <= 0 {
+		return 0, fmt.Errorf("%w: batch must be positive, got %d", backends.ErrInvalidRequest, batch)
+	}
+	tag, err := s.db.Exec(ctx, s.sql.cleanup, batch)
+	if err != nil {
+		return 0, fmt.Errorf("pgstore: cleanup: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// RunCleaner calls Cleanup every interval, in batches of batch records,
+// until ctx is done; a full batch is followed at once by another. It
+// returns ctx's error. Run it in a goroutine of your own and cancel ctx to
+// stop it. Errors from Cleanup are passed to onError (which may be nil)
+// and do not stop the cleaner.
+func (s *Store) RunCleaner(ctx context.Context, interval time.Duration, batch int, onError func(error)) error {
+	if interval <= 0 || batch <= 0 {
+		return fmt.Errorf("%w: interval and batch must be positive", backends.ErrInvalidRequest)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		for {
+			n, err := s.Cleanup(ctx, batch)
+			if err != nil && ctx.Err() == nil && onError != nil {
+				onError(err)
+			}
+			if err != nil || n < int64(batch) {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
