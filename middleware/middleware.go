@@ -278,6 +278,11 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 	ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
 	defer ctx.stop()
 	switch err := m.cfg.Store.Complete(ctx, lease, m.cfg.Retention, encoded); {
+	case errors.Is(err, backends.ErrLeaseLost) && m.completedUnder(ctx, lease):
+		// The handler completed the key itself, in the transaction that
+		// holds its own writes (pgstore.Store.CompleteTx).
+		d.ev.CompletedByHandler = true
+		return m.finish(d, OutcomeProcessed, out, nil)
 	case errors.Is(err, backends.ErrLeaseLost):
 		return m.finish(d, OutcomeLeaseLost, nil, fmt.Errorf("%w: at completion: %w", ErrLeaseLost, err))
 	case err != nil:
@@ -286,6 +291,13 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 		return out, nil
 	}
 	return m.finish(d, OutcomeProcessed, out, nil)
+}
+
+// completedUnder reports whether the key was completed under lease: by the
+// same owner with the same fencing token, so by this very attempt.
+func (m *Idempotency) completedUnder(ctx context.Context, lease backends.Lease) bool {
+	rec, err := m.cfg.Store.Inspect(ctx, lease.Key)
+	return err == nil && rec.State == backends.StateCompleted && rec.Owner == lease.Owner && rec.Token == lease.Token
 }
 
 func (m *Idempotency) runUnprotected(d *delivery, h message.HandlerFunc, o Outcome) ([]*message.Message, error) {

@@ -108,6 +108,9 @@ type Event struct {
 	// FingerprintMismatch is set when the fingerprint differed, whatever
 	// the policy made of it.
 	FingerprintMismatch bool
+	// CompletedByHandler is set for OutcomeProcessed when the handler
+	// completed the key itself, in its own transaction.
+	CompletedByHandler bool
 	// Err is the error returned to the router, or for
 	// OutcomeProcessedNotRecorded and OutcomeUnprotected the error behind it.
 	Err error

@@ -19,6 +19,12 @@ import (
 // Metadata is stored in map order: the order carries no meaning.
 const outputVersion = 1
 
+// EncodeOutput encodes produced messages the way the middleware stores
+// them with a completion, so they can be replayed for duplicates. Use it
+// when the handler completes the key itself, in its own transaction
+// (pgstore.Store.CompleteTx), and pass the same messages it returns.
+func EncodeOutput(msgs []*message.Message) []byte { return encodeOutput(msgs) }
+
 func encodeOutput(msgs []*message.Message) []byte {
 	if len(msgs) == 0 {
 		return nil

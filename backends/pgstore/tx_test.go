@@ -1,0 +1,241 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/pgstore"
+	"github.com/watermill-idempotency/idempotency/internal/testserver"
+	"github.com/watermill-idempotency/idempotency/keyfunc"
+	"github.com/watermill-idempotency/idempotency/middleware"
+)
+
+// txEnv is a store and a business table ("charges") in one schema. The
+// business table has no unique constraint on purpose: exactly-once must
+// come from the store, not from the table.
+type txEnv struct {
+	pool  *pgxpool.Pool
+	store *pgstore.Store
+	table string
+}
+
+func newTxEnv(t *testing.T) *txEnv {
+	pool := testserver.PostgresPool(t)
+	store := newStore(t, pool, pgstore.Options{})
+	table := store.Options().Schema + ".charges"
+	_, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (order_id text NOT NULL, token bigint NOT NULL)`)
+	require.NoError(t, err)
+	return &txEnv{pool: pool, store: store, table: table}
+}
+
+// charge writes the business row and completes the key in one transaction.
+// before and after, if set, fail the handler before the commit (rollback)
+// or after it (the work is committed, the handler's return is lost).
+func (e *txEnv) charge(before, after func(orderID string) error) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		ctx := msg.Context()
+		lease, _ := middleware.LeaseFromContext(ctx)
+		orderID := string(msg.Payload)
+		out := []*message.Message{message.NewMessage("charged-"+orderID, []byte(orderID))}
+
+		tx, err := e.pool.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+		if _, err := tx.Exec(ctx, `INSERT INTO `+e.table+` VALUES ($1, $2)`, orderID, lease.Token); err != nil {
+			return nil, err
+		}
+		if err := e.store.CompleteTx(ctx, tx, lease, time.Hour, middleware.EncodeOutput(out)); err != nil {
+			return nil, err
+		}
+		if before != nil {
+			if err := before(orderID); err != nil {
+				return nil, err // rolled back by the deferred Rollback
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return nil, err
+		}
+		if after != nil {
+			if err := after(orderID); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+}
+
+func (e *txEnv) rows(t *testing.T, orderID string) int {
+	var n int
+	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+e.table+` WHERE order_id = $1`, orderID).Scan(&n))
+	return n
+}
+
+func newIdem(t *testing.T, store backends.Store, counters *middleware.Counters) *middleware.Idempotency {
+	idem, err := middleware.New(middleware.Config{
+		Store: store, Namespace: "charge", Key: keyfunc.Func(func(m *message.Message) (string, error) { return string(m.Payload), nil }),
+		LeaseTTL: 5 * time.Second, PollInterval: 5 * time.Millisecond, Observer: counters,
+	})
+	require.NoError(t, err)
+	return idem
+}
+
+// The handler commits its row and the completion together, then its return
+// is lost (the process died before the ack). The redelivery is dropped,
+// the row exists once, and the output stored in the transaction is
+// replayed.
+func TestTxCommitThenReturnLost(t *testing.T) {
+	e := newTxEnv(t)
+	counters := &middleware.Counters{}
+	idem := newIdem(t, e.store, counters)
+	lost := errors.New("process died before the ack")
+	h := idem.Middleware(e.charge(nil, func(string) error { return lost }))
+
+	_, err := h(message.NewMessage("m1", []byte("o-1")))
+	require.ErrorIs(t, err, lost, "nacked")
+	out, err := h(message.NewMessage("m1-redelivered", []byte("o-1")))
+	require.NoError(t, err)
+	require.Equal(t, 1, e.rows(t, "o-1"), "the business row exists once")
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeDuplicate), "the redelivery was dropped")
+	require.Len(t, out, 1)
+	require.Equal(t, "charged-o-1", out[0].UUID, "the output committed with the work is replayed")
+}
+
+// The handler's transaction rolls back: neither the row nor the completion
+// is recorded, the key is released, and the retry writes the row.
+func TestTxRollbackIsRetried(t *testing.T) {
+	e := newTxEnv(t)
+	counters := &middleware.Counters{}
+	idem := newIdem(t, e.store, counters)
+	var failed atomic.Bool
+	h := idem.Middleware(e.charge(func(string) error {
+		if failed.CompareAndSwap(false, true) {
+			return errors.New("payment provider declined, try again")
+		}
+		return nil
+	}, nil))
+
+	_, err := h(message.NewMessage("m1", []byte("o-1")))
+	require.Error(t, err)
+	require.Equal(t, 0, e.rows(t, "o-1"), "rolled back")
+	rec, err := e.store.Inspect(context.Background(), "charge:o-1")
+	require.NoError(t, err)
+	require.Equal(t, backends.StateReleased, rec.State, "the completion rolled back with the row, and the key was released")
+
+	out, err := h(message.NewMessage("m1", []byte("o-1")))
+	require.NoError(t, err)
+	require.Len(t, out, 1)
+	require.Equal(t, 1, e.rows(t, "o-1"))
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeProcessed))
+}
+
+// The middleware sees that the handler completed the key itself and
+// reports it as processed, not as a lost lease.
+func TestTxCompletionIsRecognised(t *testing.T) {
+	e := newTxEnv(t)
+	var events []middleware.Event
+	idem, err := middleware.New(middleware.Config{
+		Store: e.store, Namespace: "charge",
+		Key: keyfunc.Func(func(m *message.Message) (string, error) { return string(m.Payload), nil }),
+		Observer: middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) { events = append(events, ev) }),
+	})
+	require.NoError(t, err)
+	out, err := idem.Middleware(e.charge(nil, nil))(message.NewMessage("m1", []byte("o-1")))
+	require.NoError(t, err)
+	require.Len(t, out, 1)
+	require.Len(t, events, 1)
+	require.Equal(t, middleware.OutcomeProcessed, events[0].Outcome)
+	require.True(t, events[0].CompletedByHandler)
+}
+
+// A storm: eight routers, thousands of keys, each delivered three times to
+// three routers at once; some attempts roll back, some commit and then
+// lose their return. Business rows == unique keys, exactly.
+func TestTxStormExactlyOnceEffects(t *testing.T) {
+	const routers, keys, copies = 8, 1500, 3
+	e := newTxEnv(t)
+	var rollbacks, lostReturns sync.Map
+	before := func(orderID string) error {
+		if len(orderID)%4 == 0 {
+			if _, loaded := rollbacks.LoadOrStore(orderID, true); !loaded {
+				return errors.New("injected rollback")
+			}
+		}
+		return nil
+	}
+	after := func(orderID string) error {
+		if len(orderID)%4 == 1 {
+			if _, loaded := lostReturns.LoadOrStore(orderID, true); !loaded {
+				return errors.New("injected lost return after commit")
+			}
+		}
+		return nil
+	}
+
+	counters := make([]*middleware.Counters, routers)
+	pubs := make([]*gochannel.GoChannel, routers)
+	for i := range routers {
+		counters[i] = &middleware.Counters{}
+		idem := newIdem(t, e.store, counters[i])
+		logger := watermill.NopLogger{}
+		pubs[i] = gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 256}, logger)
+		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+		require.NoError(t, err)
+		r.AddNoPublisherHandler("charge", "orders", pubs[i], func(msg *message.Message) error {
+			_, err := idem.Middleware(e.charge(before, after))(msg)
+			return err
+		})
+		go func() { _ = r.Run(context.Background()) }()
+		<-r.Running()
+		t.Cleanup(func() { _ = r.Close(); _ = pubs[i].Close() })
+	}
+
+	var wg sync.WaitGroup
+	for c := range copies {
+		wg.Go(func() {
+			for k := range keys {
+				msg := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf("order-%d", k)))
+				if err := pubs[(k+c)%routers].Publish("orders", msg); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	acked := func() (n int64) {
+		for _, c := range counters {
+			n += c.Count(middleware.OutcomeProcessed) + c.Count(middleware.OutcomeDuplicate)
+		}
+		return n
+	}
+	require.Eventually(t, func() bool { return acked() == keys*copies }, 3*time.Minute, 20*time.Millisecond)
+
+	var total, distinct, dupes int
+	require.NoError(t, e.pool.QueryRow(context.Background(),
+		`SELECT count(*), count(DISTINCT order_id), (SELECT count(*) FROM (SELECT 1 FROM `+e.table+` GROUP BY order_id HAVING count(*) > 1) d) FROM `+e.table).
+		Scan(&total, &distinct, &dupes))
+	require.Equal(t, keys, distinct, "every key's effect is there")
+	require.Equal(t, keys, total, "business rows == unique keys")
+	require.Zero(t, dupes)
+	var nRollbacks, nLost int
+	rollbacks.Range(func(any, any) bool { nRollbacks++; return true })
+	lostReturns.Range(func(any, any) bool { nLost++; return true })
+	require.Positive(t, nRollbacks)
+	require.Positive(t, nLost)
+	t.Logf("%d deliveries over %d routers: %d rows for %d keys; %d rollbacks and %d lost returns injected",
+		keys*copies, routers, total, keys, nRollbacks, nLost)
+}
