@@ -149,7 +149,7 @@ func TestTxCompletionIsRecognised(t *testing.T) {
 	var events []middleware.Event
 	idem, err := middleware.New(middleware.Config{
 		Store: e.store, Namespace: "charge",
-		Key: keyfunc.Func(func(m *message.Message) (string, error) { return string(m.Payload), nil }),
+		Key:      keyfunc.Func(func(m *message.Message) (string, error) { return string(m.Payload), nil }),
 		Observer: middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) { events = append(events, ev) }),
 	})
 	require.NoError(t, err)
