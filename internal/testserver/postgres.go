@@ -119,3 +119,11 @@ func (p *Postgres) Restart() {
 
 // Pool connects to the server.
 func (p *Postgres) Pool(t testing.TB) *pgxpool.Pool { return poolFor(t, p.URL()) }
+
+// Crash stops the server the way a crash would (immediate shutdown, no
+// checkpoint) and starts it again, which runs crash recovery.
+func (p *Postgres) Crash() {
+	p.t.Helper()
+	_, _ = p.run("pg_ctl", "-w", "-D", p.dir, "-m", "immediate", "stop")
+	p.Start()
+}

@@ -1,0 +1,198 @@
+package pgstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/pgstore"
+	"github.com/watermill-idempotency/idempotency/internal/testserver"
+)
+
+func acquire(t *testing.T, s backends.Store, key, owner string) backends.AcquireResult {
+	t.Helper()
+	res, err := s.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour})
+	require.NoError(t, err)
+	return res
+}
+
+// The store's backend is terminated while its Acquire waits on a row lock
+// held by another transaction: the call fails at once instead of hanging,
+// writes nothing, and the next call on a healthy connection works.
+func TestBackendTerminatedMidAcquire(t *testing.T) {
+	pool := testserver.PostgresPool(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testserver.PostgresURL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+
+	onPool := newStore(t, pool, pgstore.Options{})
+	onConn, err := pgstore.New(conn, onPool.Options())
+	require.NoError(t, err)
+	first := acquire(t, onPool, "k", "first")
+	require.NoError(t, onPool.Release(ctx, first.Lease))
+
+	// Hold the row's lock in another transaction.
+	locker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer locker.Rollback(ctx) //nolint:errcheck
+	_, err = locker.Exec(ctx, `SELECT 1 FROM `+pgx.Identifier{onPool.Options().Schema, onPool.Options().Table}.Sanitize()+` WHERE key = $1 FOR UPDATE`, []byte("k"))
+	require.NoError(t, err)
+
+	var pid uint32 = conn.PgConn().PID()
+	done := make(chan error, 1)
+	go func() {
+		_, err := onConn.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "victim", LeaseTTL: time.Minute, Retention: time.Hour})
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the acquire waits on the row lock")
+
+	_, err = pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
+	require.NoError(t, err)
+	select {
+	case err := <-done:
+		require.Error(t, err, "the terminated call fails")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the acquire hung after its backend was terminated")
+	}
+	require.NoError(t, locker.Rollback(ctx))
+
+	res := acquire(t, onPool, "k", "next")
+	require.Equal(t, backends.OutcomeAcquired, res.Outcome, "the victim's acquire wrote nothing")
+	require.Equal(t, 2, res.Lease.Attempt)
+}
+
+// A server restart (fast shutdown) keeps committed leases and completions;
+// a crash (immediate shutdown) keeps them too in a logged table, and
+// empties an UNLOGGED one, as docs/postgres.md says.
+func TestServerRestartKeepsCommittedState(t *testing.T) {
+	pg := testserver.StartPostgres(t)
+	ctx := context.Background()
+	setup := pg.Pool(t) // a private server, thrown away: no schema to drop
+	logged, err := pgstore.New(setup, pgstore.Options{Schema: "restart"})
+	require.NoError(t, err)
+	require.NoError(t, logged.Migrate(ctx))
+	unlogged, err := pgstore.New(setup, pgstore.Options{Schema: "restart", Table: "unlogged", Unlogged: true})
+	require.NoError(t, err)
+	require.NoError(t, unlogged.Migrate(ctx))
+
+	done := acquire(t, logged, "done", "a")
+	require.NoError(t, logged.Complete(ctx, done.Lease, time.Hour, []byte("out")))
+	held := acquire(t, logged, "held", "b")
+	u := acquire(t, unlogged, "done", "c")
+	require.NoError(t, unlogged.Complete(ctx, u.Lease, time.Hour, nil))
+
+	reopen := func() (*pgstore.Store, *pgstore.Store) {
+		pool := pg.Pool(t)
+		l, err := pgstore.New(pool, logged.Options())
+		require.NoError(t, err)
+		un, err := pgstore.New(pool, unlogged.Options())
+		require.NoError(t, err)
+		return l, un
+	}
+
+	pg.Restart()
+	l, un := reopen()
+	res := acquire(t, l, "done", "x")
+	require.Equal(t, backends.OutcomeCompleted, res.Outcome, "the completion survived a restart")
+	require.Equal(t, []byte("out"), res.Output)
+	require.Equal(t, backends.OutcomeInProgress, acquire(t, l, "held", "x").Outcome, "the lease survived a restart")
+	require.NoError(t, l.Renew(ctx, held.Lease, time.Minute), "and its holder can renew it")
+	require.Equal(t, backends.OutcomeCompleted, acquire(t, un, "done", "x").Outcome, "a clean restart keeps an UNLOGGED table")
+
+	pg.Crash()
+	l, un = reopen()
+	require.Equal(t, backends.OutcomeCompleted, acquire(t, l, "done", "y").Outcome, "the completion survived a crash")
+	require.Equal(t, backends.OutcomeAcquired, acquire(t, un, "done", "y").Outcome, "a crash empties an UNLOGGED table")
+}
+
+// Migrate is idempotent and safe when several instances start at once.
+func TestConcurrentMigrate(t *testing.T) {
+	pool := testserver.PostgresPool(t)
+	base := newStore(t, pool, pgstore.Options{}) // a schema dropped at the end
+	opts := base.Options()
+	opts.Table = "migrated_concurrently"
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() {
+			p, err := pgxpool.New(context.Background(), testserver.PostgresURL())
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer p.Close()
+			s, err := pgstore.New(p, opts)
+			if err == nil {
+				err = s.Migrate(context.Background())
+			}
+			errs <- err
+		}()
+	}
+	for range 8 {
+		require.NoError(t, <-errs)
+	}
+	s, err := pgstore.New(pool, opts)
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(context.Background()), "and again")
+	require.Equal(t, backends.OutcomeAcquired, acquire(t, s, "k", "o").Outcome)
+}
+
+func TestCleanup(t *testing.T) {
+	pool := testserver.PostgresPool(t)
+	s := newStore(t, pool, pgstore.Options{})
+	ctx := context.Background()
+	for i := range 25 {
+		res, err := s.Acquire(ctx, backends.AcquireRequest{Key: string(rune('a' + i)), Owner: "o", LeaseTTL: time.Minute, Retention: time.Hour})
+		require.NoError(t, err)
+		retention := time.Hour
+		if i < 20 {
+			retention = time.Millisecond
+		}
+		require.NoError(t, s.Complete(ctx, res.Lease, retention, nil))
+	}
+	time.Sleep(20 * time.Millisecond)
+	count := func() (n int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+
+			pgx.Identifier{s.Options().Schema, s.Options().Table}.Sanitize()).Scan(&n))
+		return n
+	}
+	require.Equal(t, 25, count(), "expired records stay until cleaned, but count as absent")
+	_, err := s.Inspect(ctx, "a")
+	require.ErrorIs(t, err, backends.ErrNotFound)
+
+	n, err := s.Cleanup(ctx, 8)
+	require.NoError(t, err)
+	require.EqualValues(t, 8, n, "a bounded batch")
+	require.Equal(t, 17, count())
+
+	cctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan error)
+	go func() { stopped <- s.RunCleaner(cctx, time.Hour, 5, func(err error) { t.Error(err) }) }()
+	require.Eventually(t, func() bool { return count() == 5 }, 10*time.Second, 10*time.Millisecond,
+		"the cleaner takes full batches back to back and keeps live records")
+	cancel()
+	require.ErrorIs(t, <-stopped, context.Canceled, "the cleaner stops with its context")
+
+	_, err = s.Cleanup(ctx, 0)
+	require.ErrorIs(t, err, backends.ErrInvalidRequest)
+}
+
+func TestNewValidates(t *testing.T) {
+	_, err := pgstore.New(nil, pgstore.Options{})
+	require.ErrorIs(t, err, pgstore.ErrNilDB)
+	pool := testserver.PostgresPool(t)
+	_, err = pgstore.New(pool, pgstore.Options{Table: string(make([]byte, 70))})
+	require.ErrorIs(t, err, pgstore.ErrInvalidOptions)
+	s, err := pgstore.New(pool, pgstore.Options{Schema: `we"ird`, Table: `ta ble`})
+	require.NoError(t, err, "identifiers are quoted, any name works")
+	require.Equal(t, `we"ird`, s.Options().Schema)
+}
