@@ -19,12 +19,17 @@ demo: ## Run the demo: in-memory store and GoChannel, no services needed
 	cd examples && $(GO) run ./quickstart
 
 .PHONY: test
-test: ## Run every test of the library and the examples with the race detector
+test: ## Run every test with the race detector (needs Redis and Postgres: see .ci/run)
 	$(GO) test $(TEST_FLAGS) ./...
 	cd examples && $(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: bench
-bench: bench-core bench-redis ## Run every benchmark and print it against its baselines
+bench: bench-core bench-redis bench-postgres ## Run every benchmark and print it against its baselines
+
+.PHONY: bench-postgres
+bench-postgres: ## Benchmark the Postgres store against pgbench running its statements (TEST_DATABASE_URL)
+	@mkdir -p $(BENCH_DIR)
+	cd benchmarks && $(GO) run ./pgbench -url $${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} | tee ../$(BENCH_DIR)/postgres.txt
 
 .PHONY: bench-redis
 bench-redis: ## Benchmark the Redis store against redis-benchmark and redislock (REDIS_ADDR)

@@ -45,9 +45,10 @@ type Options struct {
 	// Table is the records' table. Defaults to DefaultTable.
 	Table string
 	// Unlogged makes Migrate create the table UNLOGGED: writes skip the
-	// write-ahead log (roughly 1.5× the acquire throughput), but a crash of
-	// the server empties the table and it is not replicated. Only for
-	// records you can afford to lose, as with Redis without persistence.
+	// write-ahead log (about twice the throughput, see docs/benchmarks.md),
+	// but a crash of the server empties the table and it is not replicated.
+	// Only for records you can afford to lose, as with Redis without
+	// persistence; never with CompleteTx for exactly-once effects.
 	// It has no effect on a table that already exists. Defaults to false.
 	Unlogged bool
 }
@@ -128,6 +129,12 @@ func New(db DB, opts Options) (*Store, error) {
 	}}
 	return s, nil
 }
+
+// Statements returns the SQL of Acquire ($1 key, $2 owner, $3 lease TTL in
+// µs, $4 retention in µs, $5 fingerprint) and of Complete ($1 key, $2
+// owner, $3 token, $4 retention in µs, $5 output), as the store runs them:
+// for review, EXPLAIN, and benchmarks against pgbench.
+func (s *Store) Statements() (acquire, complete string) { return s.sql.acquire, s.sql.complete }
 
 // Options returns the store's options with defaults applied.
 func (s *Store) Options() Options { return s.opts }

@@ -1,0 +1,219 @@
+// Command pgbench measures the Postgres store against pgbench running the
+// store's own acquire and complete statements, on the same server, at the
+// same concurrency, in one run, for a logged and an UNLOGGED table.
+//
+//	go run ./pgbench -url postgres://postgres@127.0.0.1:5432/test -clients 16 -duration 10s
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/pgstore"
+)
+
+func main() {
+	url := flag.String("url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "database URL")
+	clients := flag.Int("clients", 16, "concurrent clients")
+	duration := flag.Duration("duration", 5*time.Second, "duration of each run")
+	rounds := flag.Int("rounds", 3, "rounds, alternating which goes first; medians are reported")
+	flag.Parse()
+	if err := run(*url, *clients, *duration, *rounds); err != nil {
+		fmt.Fprintln(os.Stderr, "pgbench:", err)
+		os.Exit(1)
+	}
+}
+
+type result struct {
+	name        string
+	limit, ours float64
+}
+
+func run(url string, clients int, duration time.Duration, rounds int) error {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return err
+	}
+	cfg.MaxConns = int32(clients)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	schema := fmt.Sprintf("pgbench_idem_%d", time.Now().UnixNano()%1e9)
+	defer pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck
+
+	var results []result
+	tables := 0
+	fresh := func(unlogged bool) (*pgstore.Store, error) {
+		tables++
+		store, err := pgstore.New(pool, pgstore.Options{Schema: schema, Table: fmt.Sprintf("keys_%d", tables), Unlogged: unlogged})
+		if err != nil {
+			return nil, err
+		}
+		return store, store.Migrate(ctx)
+	}
+	for _, unlogged := range []bool{false, true} {
+		name := "logged"
+		if unlogged {
+			name = "UNLOGGED"
+		}
+		// Each measurement gets a fresh table, and the two alternate which
+		// goes first, so neither inherits the other's rows or vacuum work.
+		var limits, ourRuns []float64
+		for round := range rounds {
+			steps := []func() error{
+				func() error {
+					store, err := fresh(unlogged)
+					if err != nil {
+						return err
+					}
+					v, err := pgbench(url, store, clients, duration)
+					limits = append(limits, v)
+					return err
+				},
+				func() error {
+					store, err := fresh(unlogged)
+					if err != nil {
+						return err
+					}
+					v, err := cycles(clients, duration, func(ctx context.Context, key string) error {
+						res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: key, LeaseTTL: 30 * time.Second, Retention: time.Hour})
+						if err != nil {
+							return err
+						}
+						if res.Outcome != backends.OutcomeAcquired {
+							return fmt.Errorf("key %s: %v", key, res.Outcome)
+						}
+						return store.Complete(ctx, res.Lease, time.Hour, nil)
+					})
+					ourRuns = append(ourRuns, v)
+					return err
+				},
+			}
+			for i := range steps {
+				if err := steps[(i+round)%2](); err != nil {
+					return err
+				}
+			}
+		}
+		results = append(results, result{name: name, limit: median(limits), ours: median(ourRuns)})
+	}
+
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "Postgres store benchmark: %d clients, %v per run, prepared statements, median of %d rounds\n\n", clients, duration, rounds)
+	fmt.Fprintln(w, "table\tpgbench acquire+complete\tour Acquire+Complete\tratio\tgoal\t")
+	for _, r := range results {
+		fmt.Fprintf(w, "%s\t%.0f tx/s\t%.0f cycles/s\t%.3f\t≥ 0.80\t\n", r.name, r.limit, r.ours, r.ours/r.limit)
+	}
+	return w.Flush()
+}
+
+// pgbench runs the store's own two statements, acquire and complete, as
+// one pgbench transaction on fresh random keys.
+func pgbench(url string, store *pgstore.Store, clients int, duration time.Duration) (float64, error) {
+	bin, err := exec.LookPath("pgbench")
+	if err != nil {
+		return 0, fmt.Errorf("pgbench is not installed (postgresql-client): %w", err)
+	}
+	acquire, complete := store.Statements()
+	// pgbench variables stand in for the bind parameters.
+	acquire = replaceParams(acquire, map[string]string{
+		"$1": "convert_to('k' || :k, 'UTF8')", "$2": "'o' || :k", "$3": "30000000", "$4": "3600000000", "$5": "NULL::bytea",
+	})
+	complete = replaceParams(complete, map[string]string{
+		"$1": "convert_to('k' || :k, 'UTF8')", "$2": "'o' || :k", "$3": ":token", "$4": "3600000000", "$5": "NULL::bytea",
+	})
+	script := "\\set k random(1, 9000000000000000)\n" +
+		"WITH a AS (" + oneLine(acquire) + ") SELECT token FROM a\n\\gset\n" +
+		oneLine(complete) + ";\n"
+	dir, err := os.MkdirTemp("", "pgbench")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	file := filepath.Join(dir, "cycle.sql")
+	if err := os.WriteFile(file, []byte(script), 0o644); err != nil {
+		return 0, err
+	}
+	out, err := exec.Command(bin, "-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", "2",
+		"-T", strconv.Itoa(int(duration.Seconds())), "-f", file, url).CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("pgbench: %w\n%s\nscript:\n%s", err, out, script)
+	}
+	m := regexp.MustCompile(`tps = ([0-9.]+)`).FindSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("pgbench printed no tps:\n%s", out)
+	}
+	return strconv.ParseFloat(string(m[1]), 64)
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+func replaceParams(sql string, with map[string]string) string {
+	return regexp.MustCompile(`\$[0-9]`).ReplaceAllStringFunc(sql, func(p string) string { return with[p] })
+}
+
+// oneLine drops comments and line breaks: pgbench reads a statement per line.
+func oneLine(sql string) string {
+	var parts []string
+	for _, l := range strings.Split(sql, "\n") {
+		if i := strings.Index(l, "--"); i >= 0 {
+			l = l[:i]
+		}
+		if l = strings.TrimSpace(l); l != "" {
+			parts = append(parts, l)
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+var keySeq atomic.Int64
+
+// cycles runs op on fresh keys from n goroutines for d and returns
+// operations per second.
+func cycles(n int, d time.Duration, op func(ctx context.Context, key string) error) (float64, error) {
+	var done atomic.Int64
+	var firstErr atomic.Value
+	stop := time.Now().Add(d)
+	start := time.Now()
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			ctx := context.Background()
+			for time.Now().Before(stop) {
+				if err := op(ctx, run+"-"+strconv.FormatInt(keySeq.Add(1), 10)); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return 0, err
+	}
+	return float64(done.Load()) / time.Since(start).Seconds(), nil
+}
