@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -17,6 +18,13 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// A pool, a connection and a transaction all fit the store.
+var (
+	_ pgstore.DB = (*pgxpool.Pool)(nil)
+	_ pgstore.DB = (*pgx.Conn)(nil)
+	_ pgstore.DB = (pgx.Tx)(nil)
+)
 
 var schemaSeq atomic.Int64
 

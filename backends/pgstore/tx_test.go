@@ -165,7 +165,7 @@ func TestTxCompletionIsRecognised(t *testing.T) {
 // three routers at once; some attempts roll back, some commit and then
 // lose their return. Business rows == unique keys, exactly.
 func TestTxStormExactlyOnceEffects(t *testing.T) {
-	const routers, keys, copies = 8, 1500, 3
+	const routers, keys, copies = 8, 2000, 3
 	e := newTxEnv(t)
 	var rollbacks, lostReturns sync.Map
 	before := func(orderID string) error {
