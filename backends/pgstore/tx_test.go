@@ -9,14 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
+	"github.com/watermill-idempotency/idempotency/internal/fleet"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	"github.com/watermill-idempotency/idempotency/middleware"
@@ -185,44 +184,15 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 		return nil
 	}
 
-	counters := make([]*middleware.Counters, routers)
-	pubs := make([]*gochannel.GoChannel, routers)
-	for i := range routers {
-		counters[i] = &middleware.Counters{}
-		idem := newIdem(t, e.store, counters[i])
-		logger := watermill.NopLogger{}
-		pubs[i] = gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 256}, logger)
-		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
-		require.NoError(t, err)
-		r.AddNoPublisherHandler("charge", "orders", pubs[i], func(msg *message.Message) error {
+	f := fleet.Start(t, routers, func(_ int, counters *middleware.Counters) message.NoPublishHandlerFunc {
+		idem := newIdem(t, e.store, counters)
+		return func(msg *message.Message) error {
 			_, err := idem.Middleware(e.charge(before, after))(msg)
 			return err
-		})
-		go func() { _ = r.Run(context.Background()) }()
-		<-r.Running()
-		t.Cleanup(func() { _ = r.Close(); _ = pubs[i].Close() })
-	}
-
-	var wg sync.WaitGroup
-	for c := range copies {
-		wg.Go(func() {
-			for k := range keys {
-				msg := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf("order-%d", k)))
-				if err := pubs[(k+c)%routers].Publish("orders", msg); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	acked := func() (n int64) {
-		for _, c := range counters {
-			n += c.Count(middleware.OutcomeProcessed) + c.Count(middleware.OutcomeDuplicate)
 		}
-		return n
-	}
-	require.Eventually(t, func() bool { return acked() == keys*copies }, 3*time.Minute, 20*time.Millisecond)
+	})
+	f.PublishCopies(t, keys, copies, func(k int) []byte { return []byte(fmt.Sprintf("order-%d", k)) })
+	f.WaitAcked(t, keys*copies, 3*time.Minute)
 
 	var total, distinct, dupes int
 	require.NoError(t, e.pool.QueryRow(context.Background(),

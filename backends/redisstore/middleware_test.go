@@ -9,13 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/internal/fleet"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	"github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -83,53 +82,24 @@ func TestManyConsumersOneRedisStore(t *testing.T) {
 		return nil
 	}
 
-	counters := make([]*middleware.Counters, instances)
-	pubs := make([]*gochannel.GoChannel, instances)
-	for i := range instances {
-		counters[i] = &middleware.Counters{}
+	f := fleet.Start(t, instances, func(_ int, counters *middleware.Counters) message.NoPublishHandlerFunc {
 		idem, err := middleware.New(middleware.Config{
 			Store:        store,
 			Key:          payloadKey{},
 			LeaseTTL:     5 * time.Second,
 			PollInterval: 5 * time.Millisecond,
-			Observer:     counters[i],
+			Observer:     counters,
 		})
 		require.NoError(t, err)
-		logger := watermill.NopLogger{}
-		pubs[i] = gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 256}, logger)
-		router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
-		require.NoError(t, err)
-		router.AddConsumerHandler("orders", "in", pubs[i], handler).AddMiddleware(idem.Middleware)
-		go func() { _ = router.Run(context.Background()) }()
-		<-router.Running()
-		t.Cleanup(func() { _ = router.Close(); _ = pubs[i].Close() })
-	}
-
-	var wg sync.WaitGroup
-	for c := range copies {
-		wg.Go(func() {
-			for k := range keys {
-				key := fmt.Sprintf("order-%d", k)
-				// Each copy of a key goes to a different instance, with a new
-				// message UUID, as a producer retry would.
-				msg := message.NewMessage(watermill.NewUUID(), []byte(key))
-				if err := pubs[(k+c)%instances].Publish("in", msg); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-
-	acked := func() (n int64) {
-		for _, c := range counters {
-			n += c.Count(middleware.OutcomeProcessed) + c.Count(middleware.OutcomeDuplicate)
+		return func(msg *message.Message) error {
+			_, err := idem.Middleware(func(m *message.Message) ([]*message.Message, error) { return nil, handler(m) })(msg)
+			return err
 		}
-		return n
-	}
-	require.Eventually(t, func() bool { return acked() == keys*copies }, 2*time.Minute, 10*time.Millisecond,
-		"every delivery acked")
+	})
+	// Each copy of a key goes to a different instance, with a new message
+	// UUID, as a producer retry would.
+	f.PublishCopies(t, keys, copies, func(k int) []byte { return []byte(fmt.Sprintf("order-%d", k)) })
+	f.WaitAcked(t, keys*copies, 2*time.Minute)
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -137,18 +107,13 @@ func TestManyConsumersOneRedisStore(t *testing.T) {
 	for k, n := range completions {
 		require.Equal(t, 1, n, "key %s completed %d times", k, n)
 	}
-	var processed, failed int64
-	for _, c := range counters {
-		processed += c.Count(middleware.OutcomeProcessed)
-		failed += c.Count(middleware.OutcomeHandlerFailed)
-		require.Zero(t, c.Count(middleware.OutcomeStoreError))
-		require.Zero(t, c.Count(middleware.OutcomeLeaseLost))
-	}
+	processed, failed := f.Count(middleware.OutcomeProcessed), f.Count(middleware.OutcomeHandlerFailed)
+	require.Zero(t, f.Count(middleware.OutcomeStoreError, middleware.OutcomeLeaseLost))
 	require.EqualValues(t, keys, processed)
 	require.EqualValues(t, failures.Load(), failed)
 	require.Positive(t, failed, "failures were injected")
 	t.Logf("%d deliveries over %d instances: %d processed, %d duplicates, %d failures retried",
-		keys*copies, instances, processed, acked()-processed, failed)
+		keys*copies, instances, processed, f.Count(middleware.OutcomeDuplicate), failed)
 }
 
 // payloadKey uses the payload as the key: the order id.

@@ -13,11 +13,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -25,6 +22,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
+	"github.com/watermill-idempotency/idempotency/benchmarks/internal/load"
 )
 
 func main() {
@@ -93,7 +91,7 @@ func run(url string, clients int, duration time.Duration, rounds int) error {
 					if err != nil {
 						return err
 					}
-					v, err := cycles(clients, duration, func(ctx context.Context, key string) error {
+					v, err := load.Cycles(clients, duration, func(ctx context.Context, key string) error {
 						res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: key, LeaseTTL: 30 * time.Second, Retention: time.Hour})
 						if err != nil {
 							return err
@@ -113,7 +111,7 @@ func run(url string, clients int, duration time.Duration, rounds int) error {
 				}
 			}
 		}
-		results = append(results, result{name: name, limit: median(limits), ours: median(ourRuns)})
+		results = append(results, result{name: name, limit: load.Median(limits), ours: load.Median(ourRuns)})
 	}
 
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -164,12 +162,6 @@ func pgbench(url string, store *pgstore.Store, clients int, duration time.Durati
 	return strconv.ParseFloat(string(m[1]), 64)
 }
 
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
-}
-
 func replaceParams(sql string, with map[string]string) string {
 	return regexp.MustCompile(`\$[0-9]`).ReplaceAllStringFunc(sql, func(p string) string { return with[p] })
 }
@@ -186,34 +178,4 @@ func oneLine(sql string) string {
 		}
 	}
 	return strings.Join(parts, " ")
-}
-
-var keySeq atomic.Int64
-
-// cycles runs op on fresh keys from n goroutines for d and returns
-// operations per second.
-func cycles(n int, d time.Duration, op func(ctx context.Context, key string) error) (float64, error) {
-	var done atomic.Int64
-	var firstErr atomic.Value
-	stop := time.Now().Add(d)
-	start := time.Now()
-	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	var wg sync.WaitGroup
-	for range n {
-		wg.Go(func() {
-			ctx := context.Background()
-			for time.Now().Before(stop) {
-				if err := op(ctx, run+"-"+strconv.FormatInt(keySeq.Add(1), 10)); err != nil {
-					firstErr.CompareAndSwap(nil, err)
-					return
-				}
-				done.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	if err, _ := firstErr.Load().(error); err != nil {
-		return 0, err
-	}
-	return float64(done.Load()) / time.Since(start).Seconds(), nil
 }

@@ -26,11 +26,8 @@ import (
 	"math"
 	"os"
 	"os/exec"
-	"sort"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -42,6 +39,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
+	"github.com/watermill-idempotency/idempotency/benchmarks/internal/load"
 	"github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -110,12 +108,12 @@ func run(addr string, clients int, duration time.Duration, requests, messages, r
 				return err
 			},
 			func() error {
-				v, err := cycles(clients, duration, acquireComplete)
+				v, err := load.Cycles(clients, duration, acquireComplete)
 				ourRuns = append(ourRuns, v)
 				return err
 			},
 			func() error {
-				v, err := cycles(clients, duration, obtainRelease)
+				v, err := load.Cycles(clients, duration, obtainRelease)
 				lockRuns = append(lockRuns, v)
 				return err
 			},
@@ -126,8 +124,8 @@ func run(addr string, clients int, duration time.Duration, requests, messages, r
 			}
 		}
 	}
-	limit, ours, lock := median(limits), median(ourRuns), median(lockRuns)
-	pair, err := sequential(messages, acquireComplete)
+	limit, ours, lock := load.Median(limits), load.Median(ourRuns), load.Median(lockRuns)
+	pair, err := load.Sequential(messages, acquireComplete)
 	if err != nil {
 		return err
 	}
@@ -171,12 +169,6 @@ func us(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d)/floa
 
 func count(f float64) string { return strconv.FormatFloat(math.Round(f), 'f', 0, 64) }
 
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
-}
-
 // pingRTT returns the median time of per PINGs sent one after another,
 // over n samples.
 func pingRTT(ctx context.Context, c *redis.Client, n, per int) (time.Duration, error) {
@@ -190,8 +182,7 @@ func pingRTT(ctx context.Context, c *redis.Client, n, per int) (time.Duration, e
 		}
 		lat[i] = time.Since(start)
 	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return lat[n/2], nil
+	return load.MedianDuration(lat), nil
 }
 
 // redisBenchmark runs redis-benchmark with a script equivalent to the
@@ -221,51 +212,6 @@ func redisBenchmark(addr string, clients, requests int, prefix string) (float64,
 	return 0, fmt.Errorf("redis-benchmark printed no result:\n%s", out)
 }
 
-// keySeq numbers keys across every run, so no key is used twice.
-var keySeq atomic.Int64
-
-// cycles runs op on fresh keys from n goroutines for d and returns
-// operations per second.
-func cycles(n int, d time.Duration, op func(ctx context.Context, key string) error) (float64, error) {
-	var done atomic.Int64
-	var firstErr atomic.Value
-	stop := time.Now().Add(d)
-	start := time.Now()
-	var wg sync.WaitGroup
-	for range n {
-		wg.Go(func() {
-			ctx := context.Background()
-			for time.Now().Before(stop) {
-				if err := op(ctx, "k"+strconv.FormatInt(keySeq.Add(1), 10)); err != nil {
-					firstErr.CompareAndSwap(nil, err)
-					return
-				}
-				done.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	if err, _ := firstErr.Load().(error); err != nil {
-		return 0, err
-	}
-	return float64(done.Load()) / time.Since(start).Seconds(), nil
-}
-
-// sequential returns the median time of op, run n times one after another.
-func sequential(n int, op func(ctx context.Context, key string) error) (time.Duration, error) {
-	lat := make([]time.Duration, n)
-	for i := range lat {
-		key := "s" + strconv.FormatInt(keySeq.Add(1), 10)
-		start := time.Now()
-		if err := op(context.Background(), key); err != nil {
-			return 0, err
-		}
-		lat[i] = time.Since(start)
-	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return lat[n/2], nil
-}
-
 // routerLatency publishes messages one at a time through a GoChannel
 // router, each waiting for its ack, and returns the median latency.
 func routerLatency(mw message.HandlerMiddleware, n int) (time.Duration, error) {
@@ -293,8 +239,7 @@ func routerLatency(mw message.HandlerMiddleware, n int) (time.Duration, error) {
 		}
 		lat[i] = time.Since(start)
 	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return lat[n/2], nil
+	return load.MedianDuration(lat), nil
 }
 
 // recordMemory returns what Redis reports for one completed record with a

@@ -1,0 +1,78 @@
+// Package load drives a store from many goroutines for the benchmark
+// programs.
+package load
+
+import (
+	"context"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// keySeq numbers keys across every run of a process, so no key is used
+// twice; runID keeps processes apart.
+var (
+	keySeq atomic.Int64
+	runID  = strconv.FormatInt(time.Now().UnixNano(), 36)
+)
+
+// NextKey returns a key no earlier call returned.
+func NextKey() string { return runID + "-" + strconv.FormatInt(keySeq.Add(1), 10) }
+
+// Cycles runs op on fresh keys from n goroutines for d and returns
+// operations per second. The first error stops its goroutine and is
+// returned.
+func Cycles(n int, d time.Duration, op func(ctx context.Context, key string) error) (float64, error) {
+	var done atomic.Int64
+	var firstErr atomic.Value
+	stop := time.Now().Add(d)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			ctx := context.Background()
+			for time.Now().Before(stop) {
+				if err := op(ctx, NextKey()); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return 0, err
+	}
+	return float64(done.Load()) / time.Since(start).Seconds(), nil
+}
+
+// Sequential returns the median time of op run n times one after another.
+func Sequential(n int, op func(ctx context.Context, key string) error) (time.Duration, error) {
+	lat := make([]time.Duration, n)
+	for i := range lat {
+		key := NextKey()
+		start := time.Now()
+		if err := op(context.Background(), key); err != nil {
+			return 0, err
+		}
+		lat[i] = time.Since(start)
+	}
+	return MedianDuration(lat), nil
+}
+
+// Median returns the median of v.
+func Median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+// MedianDuration returns the median of v.
+func MedianDuration(v []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), v...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
