@@ -112,6 +112,11 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 	}
 	if res.Outcome == backends.OutcomeInProgress && !m.mismatch(d, res) {
 		res, sentAt, err = m.waitForHolder(d, res)
+		if err != nil && d.msg.Context().Err() != nil {
+			// The delivery was cancelled (the router is closing) while the
+			// key was still held elsewhere.
+			return m.finish(d, OutcomeInProgress, nil, err)
+		}
 		if err != nil {
 			return m.finish(d, OutcomeStoreError, nil, err)
 		}

@@ -450,7 +450,7 @@ func TestMessageContextCancelledWhileWaiting(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	_, err := store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "other", LeaseTTL: time.Minute, Retention: time.Minute})
 	require.NoError(t, err)
-	m, _ := newMiddleware(t, store, nil)
+	m, counters := newMiddleware(t, store, nil)
 	msg := newMsg("k", "x")
 	ctx, cancel := context.WithCancel(context.Background())
 	msg.SetContext(ctx)
@@ -458,6 +458,7 @@ func TestMessageContextCancelledWhileWaiting(t *testing.T) {
 	_, err = m.Middleware(ok)(msg)
 	require.ErrorIs(t, err, context.Canceled)
 	require.NotErrorIs(t, err, middleware.ErrInProgress)
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeInProgress), "still in progress elsewhere, not a store error")
 }
 
 func TestNewRejectsInvalidConfig(t *testing.T) {
