@@ -18,6 +18,20 @@ help: ## List the targets
 demo: ## Run the demo: in-memory store and GoChannel, no services needed
 	cd examples && $(GO) run ./quickstart
 
+EXAMPLE ?= redis
+
+.PHONY: example-redis
+example-redis: ## Run the Redis Streams example against local Redis (REDIS_ADDR)
+	cd examples && $(GO) run ./redis
+
+.PHONY: up
+up: ## Start an example and its services with docker compose (EXAMPLE=redis)
+	docker compose -f examples/$(EXAMPLE)/docker-compose.yml up --abort-on-container-exit
+
+.PHONY: down
+down: ## Stop and remove an example's docker compose services (EXAMPLE=redis)
+	docker compose -f examples/$(EXAMPLE)/docker-compose.yml down -v
+
 .PHONY: test
 test: ## Run every test with the race detector (needs Redis and Postgres: see .ci/run)
 	$(GO) test $(TEST_FLAGS) ./...
