@@ -12,7 +12,7 @@ SHELL       := bash
 
 .PHONY: help
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: demo
 demo: ## Run the demo: in-memory store and GoChannel, no services needed
@@ -24,16 +24,29 @@ EXAMPLE ?= redis
 example-redis: ## Run the Redis Streams example against local Redis (REDIS_ADDR)
 	cd examples && $(GO) run ./redis
 
+GOAWS_PORT ?= 4100
+
+bin/goaws: tools/go.mod tools/go.sum ## Build the goaws SQS emulator from its pinned version (tools/go.mod)
+	cd tools && $(GO) build -o ../bin/goaws github.com/Admiral-Piett/goaws/app/cmd
+
+.PHONY: example-sqs
+example-sqs: bin/goaws ## Run the SQS example against a local goaws (started and stopped here) and local Redis
+	@dir=$$(mktemp -d); \
+	printf 'Local:\n  Host: 127.0.0.1\n  Port: $(GOAWS_PORT)\n  Region: us-east-1\n  AccountId: "000000000000"\n  LogToFile: false\n  EnableDuplicates: false\n  QueueAttributeDefaults:\n    VisibilityTimeout: 30\n  Queues: []\n  Topics: []\n' > $$dir/goaws.yaml; \
+	(cd $$dir && exec $(CURDIR)/bin/goaws -config $$dir/goaws.yaml > $$dir/goaws.log 2>&1) & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null; rm -rf $$dir' EXIT; sleep 1; \
+	cd examples && SQS_ENDPOINT=http://127.0.0.1:$(GOAWS_PORT) $(GO) run ./sqs
+
 .PHONY: up
-up: ## Start an example and its services with docker compose (EXAMPLE=redis)
+up: ## Start an example and its services with docker compose (EXAMPLE=redis or sqs)
 	docker compose -f examples/$(EXAMPLE)/docker-compose.yml up --abort-on-container-exit
 
 .PHONY: down
-down: ## Stop and remove an example's docker compose services (EXAMPLE=redis)
+down: ## Stop and remove an example's docker compose services (EXAMPLE=redis or sqs)
 	docker compose -f examples/$(EXAMPLE)/docker-compose.yml down -v
 
 .PHONY: test
-test: ## Run every test with the race detector (needs Redis and Postgres: see .ci/run)
+test: bin/goaws ## Run every test with the race detector (needs Redis and Postgres: see .ci/run)
 	$(GO) test $(TEST_FLAGS) ./...
 	cd examples && $(GO) test $(TEST_FLAGS) ./...
 

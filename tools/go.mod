@@ -2,9 +2,23 @@ module github.com/watermill-idempotency/idempotency/tools
 
 go 1.25.0
 
-tool golang.org/x/perf/cmd/benchstat
+tool (
+	github.com/Admiral-Piett/goaws/app/cmd
+	golang.org/x/perf/cmd/benchstat
+)
 
 require (
+	github.com/Admiral-Piett/goaws v0.5.4 // indirect
 	github.com/aclements/go-moremath v0.0.0-20210112150236-f10218a38794 // indirect
+	github.com/ghodss/yaml v1.0.0 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/gorilla/mux v1.8.0 // indirect
+	github.com/gorilla/schema v1.4.1 // indirect
+	github.com/kr/text v0.2.0 // indirect
+	github.com/mitchellh/copystructure v1.2.0 // indirect
+	github.com/mitchellh/reflectwalk v1.0.2 // indirect
+	github.com/sirupsen/logrus v1.9.0 // indirect
 	golang.org/x/perf v0.0.0-20250813145418-2f7363a06fe1 // indirect
+	golang.org/x/sys v0.35.0 // indirect
+	gopkg.in/yaml.v2 v2.4.0 // indirect
 )
