@@ -266,7 +266,16 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 	panicked = false
 	d.ev.HandlerDuration = time.Since(start)
 
+	ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
+	defer ctx.stop()
 	if lost := k.stop(); lost != nil {
+		if err == nil && m.completedUnder(ctx, lease) {
+			// The handler completed the key in its own transaction; a
+			// renewal that waited on that transaction's row lock then found
+			// the key completed, not lost.
+			d.ev.CompletedByHandler = true
+			return m.finish(d, OutcomeProcessed, out, nil)
+		}
 		// Someone else may hold the key now: never ack, never publish.
 		return m.finish(d, OutcomeLeaseLost, nil, errors.Join(lost, err))
 	}
@@ -280,8 +289,6 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 		return m.finish(d, OutcomeOutputTooLarge, nil, fmt.Errorf("%w: %d messages encode to %d bytes, the limit is %d",
 			ErrOutputTooLarge, len(out), len(encoded), m.cfg.MaxOutputBytes))
 	}
-	ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
-	defer ctx.stop()
 	switch err := m.cfg.Store.Complete(ctx, lease, m.cfg.Retention, encoded); {
 	case errors.Is(err, backends.ErrLeaseLost) && m.completedUnder(ctx, lease):
 		// The handler completed the key itself, in the transaction that

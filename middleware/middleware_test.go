@@ -496,3 +496,28 @@ func TestNewDoesNotModifyCallersConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, before, cfg)
 }
+
+// The handler completes the key itself (as pgstore's CompleteTx does in the
+// handler's transaction); a renewal afterwards finds the key completed and
+// reports the lease lost. The delivery is still processed and acked: the
+// key was completed under this very lease.
+func TestHandlerCompletedKeyIsNotALostLease(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	var events []middleware.Event
+	m, _ := newMiddleware(t, store, func(c *middleware.Config) {
+		c.LeaseTTL = 30 * time.Millisecond
+		c.Observer = middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) { events = append(events, ev) })
+	})
+	out, err := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		lease, _ := middleware.LeaseFromContext(msg.Context())
+		require.NoError(t, store.Complete(context.Background(), lease, time.Hour, nil))
+		<-msg.Context().Done() // the next renewal finds the key completed
+		require.ErrorIs(t, context.Cause(msg.Context()), middleware.ErrLeaseLost)
+		return []*message.Message{newMsg("out", "x")}, nil
+	})(newMsg("k", "x"))
+	require.NoError(t, err, "acked")
+	require.Len(t, out, 1, "and its output published")
+	require.Len(t, events, 1)
+	require.Equal(t, middleware.OutcomeProcessed, events[0].Outcome)
+	require.True(t, events[0].CompletedByHandler)
+}

@@ -184,10 +184,23 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 		return nil
 	}
 
+	// Each instance is set up as a service should be: a bounded number of
+	// deliveries at once (a broker's worker count), its own pool for the
+	// business transactions, and a separate small pool for the store, so
+	// lease renewals never queue behind business work.
+	const workers = 8
 	f := fleet.Start(t, routers, func(_ int, counters *middleware.Counters) message.NoPublishHandlerFunc {
-		idem := newIdem(t, e.store, counters)
+		storePool := testserver.PostgresPool(t)
+		store, err := pgstore.New(storePool, e.store.Options())
+		require.NoError(t, err)
+		instance := &txEnv{pool: testserver.PostgresPool(t), store: store, table: e.table}
+		idem := newIdem(t, store, counters)
+		handler := idem.Middleware(instance.charge(before, after))
+		slots := make(chan struct{}, workers)
 		return func(msg *message.Message) error {
-			_, err := idem.Middleware(e.charge(before, after))(msg)
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			_, err := handler(msg)
 			return err
 		}
 	})
@@ -206,6 +219,6 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 	lostReturns.Range(func(any, any) bool { nLost++; return true })
 	require.Positive(t, nRollbacks)
 	require.Positive(t, nLost)
-	t.Logf("%d deliveries over %d routers: %d rows for %d keys; %d rollbacks and %d lost returns injected",
-		keys*copies, routers, total, keys, nRollbacks, nLost)
+	t.Logf("%d deliveries over %d routers: %d rows for %d keys; %d rollbacks and %d lost returns injected; outcomes %v",
+		keys*copies, routers, total, keys, nRollbacks, nLost, f.Outcomes())
 }

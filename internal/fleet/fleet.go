@@ -80,18 +80,39 @@ func (f *Fleet) Count(outcomes ...middleware.Outcome) (n int64) {
 	return n
 }
 
-// WaitAcked waits until n deliveries were acked (processed or duplicate),
-// failing the test after timeout.
+// Acked counts the deliveries whose outcome acked the message.
+func (f *Fleet) Acked() (n int64) {
+	for _, o := range middleware.Outcomes() {
+		if o.Acked() {
+			n += f.Count(o)
+		}
+	}
+	return n
+}
+
+// Outcomes returns every non-zero outcome count, summed over the fleet.
+func (f *Fleet) Outcomes() map[string]int64 {
+	m := map[string]int64{}
+	for _, o := range middleware.Outcomes() {
+		if n := f.Count(o); n != 0 {
+			m[o.String()] = n
+		}
+	}
+	return m
+}
+
+// WaitAcked waits until n deliveries were acked, failing the test after
+// timeout with the outcomes seen.
 func (f *Fleet) WaitAcked(t testing.TB, n int64, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		got := f.Count(middleware.OutcomeProcessed, middleware.OutcomeDuplicate)
+		got := f.Acked()
 		if got == n {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal(fmt.Sprintf("fleet: %d of %d deliveries acked after %v", got, n, timeout))
+			t.Fatal(fmt.Sprintf("fleet: %d of %d deliveries acked after %v; outcomes: %v", got, n, timeout, f.Outcomes()))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
