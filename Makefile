@@ -3,7 +3,7 @@ GO          ?= go
 TEST_FLAGS  ?= -race -count=1
 BENCH_COUNT ?= 6
 BENCH_DIR   ?= .bench
-MODULES     := . examples benchmarks
+MODULES     := . examples benchmarks contrib/awssqs
 TOOL_MODS   := tools
 
 SHELL       := bash
@@ -49,6 +49,7 @@ down: ## Stop and remove an example's docker compose services (EXAMPLE=redis or 
 test: bin/goaws ## Run every test with the race detector (needs Redis and Postgres: see .ci/run)
 	$(GO) test $(TEST_FLAGS) ./...
 	cd examples && $(GO) test $(TEST_FLAGS) ./...
+	cd contrib/awssqs && $(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: bench
 bench: bench-core bench-redis bench-postgres ## Run every benchmark and print it against its baselines
