@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/redisstore"
+	"github.com/watermill-idempotency/idempotency/keyfunc"
+	"github.com/watermill-idempotency/idempotency/middleware"
+)
+
+// countingStore counts Acquire calls.
+type countingStore struct {
+	backends.Store
+	acquires atomic.Int64
+}
+
+func (c *countingStore) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
+	c.acquires.Add(1)
+	return c.Store.Acquire(ctx, req)
+}
+
+// acquiresWhileHeld delivers one message through Redis Streams (whose nack
+// resends at once: NackResendSleep is left at its default, none) while
+// another worker holds its key for hold, and returns how many Acquire
+// calls the middleware made in that time.
+func acquiresWhileHeld(t *testing.T, wait time.Duration, hold time.Duration) int64 {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR", "127.0.0.1:6379"), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	prefix := fmt.Sprintf("hotloop-%d:", time.Now().UnixNano())
+	t.Cleanup(func() { client.Del(context.Background(), prefix+"orders") })
+	inner, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &countingStore{Store: inner}
+	if _, err := inner.Acquire(ctx, backends.AcquireRequest{Key: "charge:o-1", Owner: "other", LeaseTTL: hold, Retention: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+
+	logger := watermill.NopLogger{}
+	sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
+		Client: client, Consumer: "c", ConsumerGroup: prefix + "g", OldestId: "0", BlockTime: 50 * time.Millisecond,
+	}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem, err := middleware.New(middleware.Config{
+		Store: store, Namespace: "charge", Key: keyfunc.JSONField("order_id"),
+		LeaseTTL: time.Minute, InProgressWait: wait,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	router.AddConsumerHandler("charge", prefix+"orders", sub, func(*message.Message) error { return nil }).AddMiddleware(idem.Middleware)
+	go func() { _ = router.Run(ctx) }()
+	<-router.Running()
+	defer router.Close()
+
+	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.Publish(prefix+"orders", message.NewMessage(watermill.NewUUID(), []byte(`{"order_id":"o-1"}`))); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(hold)
+	return store.acquires.Load()
+}
+
+// Redis Streams resends a nacked entry at once. An in-flight duplicate that
+// did not wait would turn that into a hot loop against the store; with the
+// default bounded wait, a two-second hold costs a handful of store calls.
+func TestBoundedWaitPreventsHotLoopOnRedisStreams(t *testing.T) {
+	const hold = 2 * time.Second
+	withWait := acquiresWhileHeld(t, 0, hold)     // the default: wait for the holder
+	withoutWait := acquiresWhileHeld(t, -1, hold) // nack at once
+	t.Logf("store Acquire calls during a %v hold: %d with the default wait, %d without waiting", hold, withWait, withoutWait)
+	if withWait > 20 {
+		t.Errorf("%d store calls in %v with the bounded wait; its back-off allows about 10", withWait, hold)
+	}
+	if withoutWait < 10*withWait {
+		t.Errorf("without the wait the nack loop made only %d store calls (with it: %d); the comparison shows nothing", withoutWait, withWait)
+	}
+}
