@@ -10,15 +10,17 @@
 // and the lease holds the copy back until the first completes.
 //
 // Configuration (environment): SQS_ENDPOINT (default http://localhost:4566,
-// LocalStack), AWS_REGION (us-east-1), STORE (redis or postgres),
-// REDIS_ADDR (127.0.0.1:6379), DATABASE_URL (for STORE=postgres).
+// LocalStack), AWS_REGION (us-east-1), STORE or -store (redis or postgres),
+// REDIS_ADDR (127.0.0.1:6379), DATABASE_URL (for the postgres store).
 //
 //	go run ./sqs
+//	go run ./sqs -store postgres
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -45,12 +47,14 @@ import (
 )
 
 func main() {
+	store := flag.String("store", env("STORE", "redis"), "where the leases live: redis or postgres")
+	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := Config{
 		Endpoint:    env("SQS_ENDPOINT", "http://localhost:4566"),
 		Region:      env("AWS_REGION", "us-east-1"),
-		Store:       env("STORE", "redis"),
+		Store:       *store,
 		RedisAddr:   env("REDIS_ADDR", "127.0.0.1:6379"),
 		DatabaseURL: env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
 		Orders:      10,
