@@ -196,7 +196,7 @@ func (c Config) validate() error {
 	}
 	check(c.Store != nil, "Store is required")
 	if err := keyfunc.Validate(c.Key); err != nil {
-		errs = append(errs, fmt.Errorf("Key: %w", err))
+		errs = append(errs, fmt.Errorf("invalid Key: %w", err))
 	}
 	check(c.LeaseTTL >= MinLeaseTTL, "LeaseTTL must be at least %v, got %v", MinLeaseTTL, c.LeaseTTL)
 	check(c.Retention > 0, "Retention must be positive, got %v", c.Retention)

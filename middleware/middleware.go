@@ -91,7 +91,7 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 	if err != nil {
 		if m.cfg.OnKeyError == KeyErrorProcess {
 			d.ev.Err = err
-			return m.runUnprotected(d, h, OutcomeUnprotected)
+			return m.runUnprotected(d, h)
 		}
 		return m.finish(d, OutcomeKeyError, nil, err)
 	}
@@ -106,7 +106,7 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 		err = fmt.Errorf("%w: acquire %q: %w", ErrStore, key, err)
 		if m.cfg.FailOpen {
 			d.ev.Err = err
-			return m.runUnprotected(d, h, OutcomeUnprotected)
+			return m.runUnprotected(d, h)
 		}
 		return m.finish(d, OutcomeStoreError, nil, err)
 	}
@@ -312,14 +312,15 @@ func (m *Idempotency) completedUnder(ctx context.Context, lease backends.Lease) 
 	return err == nil && rec.State == backends.StateCompleted && rec.Owner == lease.Owner && rec.Token == lease.Token
 }
 
-func (m *Idempotency) runUnprotected(d *delivery, h message.HandlerFunc, o Outcome) ([]*message.Message, error) {
+// runUnprotected runs the handler without a lease (FailOpen, KeyErrorProcess).
+func (m *Idempotency) runUnprotected(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
 	start := time.Now()
 	out, err := h(d.msg)
 	d.ev.HandlerDuration = time.Since(start)
 	if err != nil {
 		d.ev.Err = errors.Join(d.ev.Err, err)
 	}
-	m.finish(d, o, nil, nil)
+	m.finish(d, OutcomeUnprotected, nil, nil)
 	return out, err
 }
 

@@ -213,7 +213,7 @@ func TestLeaseLostCancelsHandlerAndNacks(t *testing.T) {
 func TestStoreUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 	inner := memstore.New(memstore.Options{})
 	store := &faultStore{Store: inner}
-	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.LeaseTTL = 150 * time.Millisecond })
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.LeaseTTL = time.Second }) // a 100ms margin
 	var stateAtCancel backends.State
 	_, err := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		store.set(func(f *faultStore) { f.renewErr = errors.New("connection refused") })
@@ -234,7 +234,7 @@ func TestStoreUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 func TestRenewalKeepsLongHandlerLease(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{})}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
-		c.LeaseTTL = 60 * time.Millisecond
+		c.LeaseTTL = 300 * time.Millisecond // renewed every 100ms, with a 30ms margin
 		c.InProgressWait = -1
 	})
 	release := make(chan struct{})

@@ -29,7 +29,7 @@ func TestRedisUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 		o.MaxRetries = -1
 	})
 	store := newStore(t, client)
-	const ttl = 600 * time.Millisecond
+	const ttl = 2 * time.Second // a 200ms margin: room for a loaded, race-instrumented test run
 	idem, err := middleware.New(middleware.Config{Store: store, Namespace: "t", LeaseTTL: ttl})
 	require.NoError(t, err)
 

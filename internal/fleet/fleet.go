@@ -5,7 +5,6 @@ package fleet
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -112,7 +111,7 @@ func (f *Fleet) WaitAcked(t testing.TB, n int64, timeout time.Duration) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal(fmt.Sprintf("fleet: %d of %d deliveries acked after %v; outcomes: %v", got, n, timeout, f.Outcomes()))
+			t.Fatalf("fleet: %d of %d deliveries acked after %v; outcomes: %v", got, n, timeout, f.Outcomes())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
