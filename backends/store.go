@@ -4,7 +4,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
+)
+
+// Limits every store accepts, and the largest values it must accept. A
+// request beyond them is refused with [ErrInvalidRequest] before it reaches
+// the server, by every store alike.
+const (
+	// MaxKeyBytes is the longest key, in bytes, a store must accept. It
+	// fits a Postgres B-tree index entry (about 2.7 KB) and a DynamoDB
+	// partition key (2 KB). Hash longer keys (keyfunc.Hashed).
+	MaxKeyBytes = 2048
+	// MaxOwnerBytes is the longest owner token. An owner is 1 to
+	// MaxOwnerBytes bytes of valid UTF-8 without NUL, so that every store
+	// can keep it as text.
+	MaxOwnerBytes = 255
+	// MaxDuration is the longest lease TTL or retention. Stores keep time
+	// in milliseconds or microseconds after their server's now; the bound
+	// keeps every expiry far from overflowing any of them.
+	MaxDuration = 100 * 365 * 24 * time.Hour
 )
 
 // Sentinel errors returned by every store. Callers compare with [errors.Is].
@@ -18,9 +38,24 @@ var (
 	ErrNotFound = errors.New("backends: record not found")
 
 	// ErrInvalidRequest is returned for a request no store can serve: an
-	// empty key or owner, a non-positive lease TTL, a negative retention.
+	// empty or oversize key, an invalid owner, a lease TTL or retention out
+	// of range. Nothing was sent to the server.
 	ErrInvalidRequest = errors.New("backends: invalid request")
+
+	// ErrRejected is wrapped by errors a store's server returned for a
+	// call that retrying cannot fix: a missing table, a missing
+	// permission, a value the server cannot hold. Stores translate such
+	// server errors at their boundary; the middleware fails the delivery
+	// at once instead of retrying the call until its timeout. Any other
+	// error is taken as transient.
+	ErrRejected = errors.New("backends: rejected by the store")
 )
+
+// IsPermanent reports whether a store error is one retrying cannot fix:
+// it wraps [ErrInvalidRequest] or [ErrRejected].
+func IsPermanent(err error) bool {
+	return errors.Is(err, ErrInvalidRequest) || errors.Is(err, ErrRejected)
+}
 
 // Store is the contract every idempotency store implements. All methods are
 // safe for concurrent use. See the package documentation for the rules
@@ -57,18 +92,31 @@ type Store interface {
 	Delete(ctx context.Context, key string) error
 }
 
+// PoolSizer is an optional capability of a [Store]: how many calls its
+// client can have in flight at once, usually the size of its connection
+// pool. The middleware, by default, lets new acquisitions take at most
+// half of them, so that renewing and completing the leases of running
+// handlers always finds a connection.
+type PoolSizer interface {
+	// PoolSize returns the number of concurrent calls, or 0 if unknown.
+	PoolSize() int
+}
+
 // AcquireRequest is the input to [Store.Acquire].
 type AcquireRequest struct {
-	// Key is the full idempotency key (namespace included). Required.
+	// Key is the full idempotency key (namespace included): 1 to
+	// [MaxKeyBytes] arbitrary bytes. Required.
 	Key string
 	// Owner identifies this attempt; it must be unique per attempt (the
-	// middleware uses 128 random bits). Required.
+	// middleware uses a random per-process prefix and a counter): 1 to
+	// [MaxOwnerBytes] bytes of valid UTF-8 without NUL. Required.
 	Owner string
-	// LeaseTTL is how long the lease lasts unless renewed. Must be positive.
+	// LeaseTTL is how long the lease lasts unless renewed: positive and at
+	// most [MaxDuration].
 	LeaseTTL time.Duration
 	// Retention is how long the record outlives its lease when the lease
 	// is released or runs out, so that the fencing token keeps counting up
-	// and an operator can inspect it. Must not be negative.
+	// and an operator can inspect it: zero to [MaxDuration].
 	Retention time.Duration
 	// Fingerprint optionally identifies the payload. The store keeps the
 	// first fingerprint it is given for a record and returns it in every
@@ -79,37 +127,42 @@ type AcquireRequest struct {
 // Validate reports whether the request is well formed, wrapping
 // [ErrInvalidRequest] if not. Stores call it before they touch the server.
 func (r AcquireRequest) Validate() error {
-	switch {
-	case r.Key == "":
-		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
-	case r.Owner == "":
-		return fmt.Errorf("%w: empty owner", ErrInvalidRequest)
-	case r.LeaseTTL <= 0:
-		return fmt.Errorf("%w: lease TTL must be positive, got %v", ErrInvalidRequest, r.LeaseTTL)
-	case r.Retention < 0:
-		return fmt.Errorf("%w: retention must not be negative, got %v", ErrInvalidRequest, r.Retention)
+	if err := validateKeyOwner(r.Key, r.Owner); err != nil {
+		return err
 	}
-	return nil
+	if err := ValidateTTL("lease TTL", r.LeaseTTL, false); err != nil {
+		return err
+	}
+	return ValidateTTL("retention", r.Retention, true)
 }
 
 // ValidateLease reports whether a lease can be sent to a store, wrapping
 // [ErrInvalidRequest] if not.
-func ValidateLease(l Lease) error {
+func ValidateLease(l Lease) error { return validateKeyOwner(l.Key, l.Owner) }
+
+func validateKeyOwner(key, owner string) error {
 	switch {
-	case l.Key == "":
-		return fmt.Errorf("%w: lease has an empty key", ErrInvalidRequest)
-	case l.Owner == "":
-		return fmt.Errorf("%w: lease has an empty owner", ErrInvalidRequest)
+	case key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
+	case len(key) > MaxKeyBytes:
+		return fmt.Errorf("%w: key of %d bytes, the limit is %d", ErrInvalidRequest, len(key), MaxKeyBytes)
+	case owner == "":
+		return fmt.Errorf("%w: empty owner", ErrInvalidRequest)
+	case len(owner) > MaxOwnerBytes:
+		return fmt.Errorf("%w: owner of %d bytes, the limit is %d", ErrInvalidRequest, len(owner), MaxOwnerBytes)
+	case !utf8.ValidString(owner) || strings.IndexByte(owner, 0) >= 0:
+		return fmt.Errorf("%w: owner %q is not UTF-8 text without NUL", ErrInvalidRequest, owner)
 	}
 	return nil
 }
 
 // ValidateTTL reports whether a duration passed to Renew (a TTL, which must
 // be positive) or Complete (a retention, which may be zero when allowZero)
-// is usable, wrapping [ErrInvalidRequest] if not. name is used in the message.
+// is within range, at most [MaxDuration], wrapping [ErrInvalidRequest] if
+// not. name is used in the message.
 func ValidateTTL(name string, d time.Duration, allowZero bool) error {
-	if d < 0 || (d == 0 && !allowZero) {
-		return fmt.Errorf("%w: %s out of range: %v", ErrInvalidRequest, name, d)
+	if d < 0 || (d == 0 && !allowZero) || d > MaxDuration {
+		return fmt.Errorf("%w: %s out of range (0 to %v): %v", ErrInvalidRequest, name, MaxDuration, d)
 	}
 	return nil
 }

@@ -196,3 +196,24 @@ func TestNewValidates(t *testing.T) {
 	require.NoError(t, err, "identifiers are quoted, any name works")
 	require.Equal(t, `we"ird`, s.Options().Schema)
 }
+
+// The store reports the pool's MaxConns, or 1 for a single connection, so
+// the middleware can keep half of the pool for lease keeping.
+func TestPoolSize(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(testserver.PostgresURL())
+	require.NoError(t, err)
+	cfg.MaxConns = 6
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	s, err := pgstore.New(p, pgstore.Options{})
+	require.NoError(t, err)
+	require.Equal(t, 6, s.PoolSize())
+
+	conn, err := pgx.Connect(context.Background(), testserver.PostgresURL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	s, err = pgstore.New(conn, pgstore.Options{})
+	require.NoError(t, err)
+	require.Equal(t, 1, s.PoolSize())
+}

@@ -11,11 +11,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/watermill-idempotency/idempotency/backends"
 )
 
-var _ backends.Store = (*Store)(nil)
+var (
+	_ backends.Store     = (*Store)(nil)
+	_ backends.PoolSizer = (*Store)(nil)
+)
 
 // DB is what the store needs from Postgres. A *pgxpool.Pool, a *pgx.Conn
 // and a pgx.Tx all satisfy it.
@@ -56,9 +60,10 @@ type Options struct {
 // Store is a [backends.Store] on Postgres. Create it with [New] and call
 // [Store.Migrate] once before use.
 type Store struct {
-	db   DB
-	opts Options
-	sql  statements
+	db       DB
+	opts     Options
+	sql      statements
+	poolSize int
 }
 
 type statements struct {
@@ -111,7 +116,7 @@ func New(db DB, opts Options) (*Store, error) {
 		return b.String()
 	}
 	held := `key = $1 AND owner = $2 AND token = $3 AND state = 1 AND forget_at > now()`
-	s := &Store{db: db, opts: opts, sql: statements{
+	s := &Store{db: db, opts: opts, poolSize: poolSize(db), sql: statements{
 		schema:  render(schemaSQL),
 		acquire: render(acquireSQL),
 		renew: `UPDATE ` + table + ` SET lease_expires_at = now() + $4::bigint * interval '1 microsecond',
@@ -129,6 +134,23 @@ func New(db DB, opts Options) (*Store, error) {
 	}}
 	return s, nil
 }
+
+// poolSize is MaxConns of a pool, 1 for a connection or a transaction
+// (which serve one call at a time), or 0 if unknown.
+func poolSize(db DB) int {
+	switch db := db.(type) {
+	case interface{ Config() *pgxpool.Config }:
+		return int(db.Config().MaxConns)
+	case *pgx.Conn, pgx.Tx:
+		return 1
+	}
+	return 0
+}
+
+// PoolSize implements [backends.PoolSizer]: the MaxConns of a
+// *pgxpool.Pool, 1 for a *pgx.Conn or a pgx.Tx, 0 for another [DB]. The
+// middleware lets new acquisitions take at most half of it by default.
+func (s *Store) PoolSize() int { return s.poolSize }
 
 // Statements returns the SQL of Acquire ($1 key, $2 owner, $3 lease TTL in
 // µs, $4 retention in µs, $5 fingerprint) and of Complete ($1 key, $2
@@ -163,6 +185,34 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// opError wraps a failed call's error, marking with [backends.ErrRejected]
+// the server errors that retrying the call cannot fix.
+func opError(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && rejectedClass(pgErr.Code) {
+		return fmt.Errorf("pgstore: %s: %w: %w", op, backends.ErrRejected, err)
+	}
+	return fmt.Errorf("pgstore: %s: %w", op, err)
+}
+
+// rejectedClass reports whether a SQLSTATE is in a class of errors that
+// retrying cannot fix: data exceptions (22), invalid authorization (28),
+// syntax errors and access rule violations such as a missing table or
+// privilege (42), program limits such as an oversize index row (54),
+// unsupported features (0A), invalid catalog or schema names (3D, 3F).
+// Connection loss (08), resource shortage (53), operator intervention (57),
+// serialization failures and deadlocks (40) are transient.
+func rejectedClass(code string) bool {
+	if len(code) != 5 {
+		return false
+	}
+	switch code[:2] {
+	case "22", "28", "42", "54", "0A", "3D", "3F":
+		return true
+	}
+	return false
+}
+
 // us converts d to whole microseconds, rounding up, so a lease is never
 // shorter than asked for.
 func us(d time.Duration) int64 { return int64((d + time.Microsecond - 1) / time.Microsecond) }
@@ -188,7 +238,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	err := s.db.QueryRow(ctx, s.sql.acquire, []byte(req.Key), req.Owner, us(req.LeaseTTL), us(req.Retention), fingerprintArgs).
 		Scan(&state, &owner, &token, &attempt, &how, &leaseExp, &completedAt, &fp, &output, &now)
 	if err != nil {
-		return backends.AcquireResult{}, fmt.Errorf("pgstore: acquire: %w", err)
+		return backends.AcquireResult{}, opError("acquire", err)
 	}
 	res := backends.AcquireResult{Fingerprint: nilIfEmpty(fp)}
 	switch {
@@ -227,7 +277,7 @@ func (s *Store) held(ctx context.Context, op, sql string, lease backends.Lease, 
 	}
 	tag, err := s.db.Exec(ctx, sql, append([]any{[]byte(lease.Key), lease.Owner, lease.Token}, args...)...)
 	if err != nil {
-		return fmt.Errorf("pgstore: %s: %w", op, err)
+		return opError(op, err)
 	}
 	if tag.RowsAffected() != 1 {
 		return backends.ErrLeaseLost
@@ -283,7 +333,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 		return backends.Record{}, backends.ErrNotFound
 	}
 	if err != nil {
-		return backends.Record{}, fmt.Errorf("pgstore: inspect: %w", err)
+		return backends.Record{}, opError("inspect", err)
 	}
 	rec.Attempt = int(attempt)
 	rec.Fingerprint, rec.Output = nilIfEmpty(fingerprint), nilIfEmpty(output)
@@ -307,7 +357,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 func (s *Store) Delete(ctx context.Context, key string) error {
 	var n int64
 	if err := s.db.QueryRow(ctx, s.sql.delete, []byte(key)).Scan(&n); err != nil {
-		return fmt.Errorf("pgstore: delete: %w", err)
+		return opError("delete", err)
 	}
 	if n == 0 {
 		return backends.ErrNotFound
@@ -325,7 +375,7 @@ func (s *Store) Cleanup(ctx context.Context, batch int) (int64, error) {
 	}
 	tag, err := s.db.Exec(ctx, s.sql.cleanup, batch)
 	if err != nil {
-		return 0, fmt.Errorf("pgstore: cleanup: %w", err)
+		return 0, opError("cleanup", err)
 	}
 	return tag.RowsAffected(), nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -13,7 +14,10 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 )
 
-var _ backends.Store = (*Store)(nil)
+var (
+	_ backends.Store     = (*Store)(nil)
+	_ backends.PoolSizer = (*Store)(nil)
+)
 
 var (
 	//go:embed acquire.lua
@@ -53,8 +57,9 @@ type Options struct {
 
 // Store is a [backends.Store] on Redis. Create it with [New].
 type Store struct {
-	client redis.Scripter
-	prefix string
+	client   redis.Scripter
+	prefix   string
+	poolSize int
 }
 
 // New returns a store that runs its scripts through client: a
@@ -68,8 +73,27 @@ func New(client redis.Scripter, opts Options) (*Store, error) {
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
 	}
-	return &Store{client: client, prefix: opts.Prefix}, nil
+	return &Store{client: client, prefix: opts.Prefix, poolSize: poolSize(client)}, nil
 }
+
+// poolSize is the connection pool size of a go-redis client (per node for
+// a Cluster or Ring), or 0 if unknown.
+func poolSize(c redis.Scripter) int {
+	switch c := c.(type) {
+	case interface{ Options() *redis.Options }:
+		return c.Options().PoolSize
+	case interface{ Options() *redis.ClusterOptions }:
+		return c.Options().PoolSize
+	case interface{ Options() *redis.RingOptions }:
+		return c.Options().PoolSize
+	}
+	return 0
+}
+
+// PoolSize implements [backends.PoolSizer]: the client's PoolSize (per
+// node for a Cluster or a Ring), or 0 for another client. The middleware
+// lets new acquisitions take at most half of it by default.
+func (s *Store) PoolSize() int { return s.poolSize }
 
 func (s *Store) redisKey(key string) []string { return []string{s.prefix + key} }
 
@@ -145,7 +169,34 @@ func opError(ctx context.Context, op string, err error) error {
 	if ctxErr != nil && !errors.Is(err, ctxErr) {
 		err = errors.Join(err, ctxErr)
 	}
+	if rejected(err) {
+		return fmt.Errorf("redisstore: %s: %w: %w", op, backends.ErrRejected, err)
+	}
 	return fmt.Errorf("redisstore: %s: %w", op, err)
+}
+
+// rejectedPrefixes start the server error replies that retrying the same
+// call cannot fix: a key of another type where a record should be, a
+// missing ACL permission or authentication, a command the server does not
+// know, a script that fails at run time. Replies such as LOADING, BUSY,
+// READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN and OOM are transient.
+var rejectedPrefixes = []string{
+	"WRONGTYPE", "NOPERM", "NOAUTH", "WRONGPASS", "ERR unknown command",
+	"ERR user_script", "ERR Error running script",
+}
+
+func rejected(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	for _, p := range rejectedPrefixes {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 func bytesOrNil(v any) []byte {

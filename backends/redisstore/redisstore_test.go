@@ -3,6 +3,8 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"io"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -247,4 +249,35 @@ func TestRestartWithoutPersistenceLosesState(t *testing.T) {
 	res, err := s.Acquire(ctx, req("new"))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, res.Lease.Token, "fencing tokens start again from 1")
+}
+
+// The store reports its client's pool size, with go-redis's defaults
+// applied, so the middleware can keep half of it for lease keeping.
+func TestPoolSize(t *testing.T) {
+	addr := testserver.RedisClient(t).Options().Addr
+	for name, tc := range map[string]struct {
+		client redis.Scripter
+		want   int
+	}{
+		"client":           {redis.NewClient(&redis.Options{Addr: addr, PoolSize: 7}), 7},
+		"default client":   {redis.NewClient(&redis.Options{Addr: addr}), 10 * runtime.GOMAXPROCS(0)},
+		"cluster client":   {redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, PoolSize: 5}), 5},
+		"unknown scripter": {newScripterOnly(addr), 0},
+	} {
+		s, err := redisstore.New(tc.client, redisstore.Options{})
+		require.NoError(t, err)
+		require.Equal(t, tc.want, s.PoolSize(), name)
+		require.NoError(t, tc.client.(io.Closer).Close())
+	}
+}
+
+// scripterOnly hides everything of a client but redis.Scripter and Close.
+type scripterOnly struct {
+	redis.Scripter
+	io.Closer
+}
+
+func newScripterOnly(addr string) scripterOnly {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	return scripterOnly{c, c}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -144,6 +145,9 @@ var tests = []struct {
 	{"OddKeys", testOddKeys},
 	{"LargeOutput", testLargeOutput},
 	{"InvalidRequests", testInvalidRequests},
+	{"Limits", testLimits},
+	{"Owners", testOwners},
+	{"PoolSize", testPoolSize},
 	{"CancelledContext", testCancelledContext},
 }
 
@@ -305,7 +309,7 @@ func testReentrant(t *testing.T, s *suite) {
 	key, owner := s.key("k"), s.owner()
 	first := s.mustAcquire(t, key, owner, s.ticks(3))
 	s.wait(2)
-	again := s.acquire(t, key, owner, s.ticks(3))
+	again := s.acquire(t, key, owner, long)
 	require.Equal(t, backends.OutcomeAcquired, again.Outcome)
 	require.True(t, again.Lease.Reentrant)
 	require.False(t, again.Lease.Takeover)
@@ -313,7 +317,9 @@ func testReentrant(t *testing.T, s *suite) {
 	require.Equal(t, first.Attempt, again.Lease.Attempt)
 
 	// The re-entrant acquire extended the lease: two more ticks in, the
-	// original lease would have run out, the extended one has not.
+	// original lease has run out, the extended one has not. (Waits only
+	// ever run late, which makes the first half surer and leaves the
+	// second untouched.)
 	s.wait(2)
 	other := s.acquire(t, key, s.owner(), long)
 	require.Equal(t, backends.OutcomeInProgress, other.Outcome)
@@ -439,10 +445,9 @@ func testCompletedWithOutput(t *testing.T, s *suite) {
 func testCompletedUntilRetentionEnds(t *testing.T, s *suite) {
 	key := s.key("k")
 	l := s.mustAcquire(t, key, s.owner(), long)
-	require.NoError(t, s.Store.Complete(ctx(t), l, s.ticks(3), []byte("out")))
-	s.wait(1)
+	require.NoError(t, s.Store.Complete(ctx(t), l, s.ticks(10), []byte("out")))
 	require.Equal(t, backends.OutcomeCompleted, s.acquire(t, key, s.owner(), long).Outcome)
-	s.wait(3)
+	s.wait(10)
 	_, err := s.Store.Inspect(ctx(t), key)
 	require.ErrorIs(t, err, backends.ErrNotFound, "a completed record past its retention is gone")
 	res := s.acquire(t, key, s.owner(), long)
@@ -453,14 +458,13 @@ func testCompletedUntilRetentionEnds(t *testing.T, s *suite) {
 
 func testReleasedRecordKept(t *testing.T, s *suite) {
 	key := s.key("k")
-	res, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: s.ticks(3)})
+	res, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: s.ticks(10)})
 	require.NoError(t, err)
 	require.NoError(t, s.Store.Release(ctx(t), res.Lease))
-	s.wait(1)
 	rec := s.inspect(t, key)
 	require.Equal(t, backends.StateReleased, rec.State)
 	require.Equal(t, res.Lease.Token, rec.Token, "the released record keeps its token")
-	s.wait(3)
+	s.wait(10)
 	_, err = s.Store.Inspect(ctx(t), key)
 	require.ErrorIs(t, err, backends.ErrNotFound, "a released record past its retention is gone")
 }
@@ -592,6 +596,109 @@ func testInvalidRequests(t *testing.T, s *suite) {
 	require.ErrorIs(t, s.Store.Complete(c, l, -time.Second, nil), backends.ErrInvalidRequest)
 	require.ErrorIs(t, s.Store.Release(c, backends.Lease{Key: key}), backends.ErrInvalidRequest)
 	require.Equal(t, backends.StateInProgress, s.inspect(t, key).State)
+}
+
+// testLimits checks the bounds of the contract: keys of MaxKeyBytes
+// arbitrary bytes and durations of MaxDuration are served as any other;
+// one byte or nanosecond more is an invalid request, refused before the
+// server is asked, and changes nothing.
+func testLimits(t *testing.T, s *suite) {
+	c := ctx(t)
+	longKey := s.key("")
+	for i := 0; len(longKey) < backends.MaxKeyBytes; i++ {
+		longKey += string(rune(0x80 + i%0x700))
+	}
+	longKey = longKey[:backends.MaxKeyBytes]
+	l := s.mustAcquire(t, longKey, s.owner(), long)
+	require.NoError(t, s.Store.Complete(c, l, long, []byte("out")))
+	require.Equal(t, backends.OutcomeCompleted, s.acquire(t, longKey, s.owner(), long).Outcome)
+	_, err := s.Store.Acquire(c, backends.AcquireRequest{Key: longKey + "x", Owner: s.owner(), LeaseTTL: long, Retention: long})
+	require.ErrorIs(t, err, backends.ErrInvalidRequest, "a key over MaxKeyBytes")
+
+	// The longest lease and retention: a second owner finds the key in
+	// progress with (about) the whole lease left, and a completed record
+	// is kept, not written already expired.
+	key := s.key("max")
+	res, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: backends.MaxDuration, Retention: backends.MaxDuration})
+	require.NoError(t, err)
+	require.Equal(t, backends.OutcomeAcquired, res.Outcome)
+	other := s.acquire(t, key, s.owner(), long)
+	require.Equal(t, backends.OutcomeInProgress, other.Outcome)
+	require.Greater(t, other.Remaining, backends.MaxDuration-time.Hour)
+	require.NoError(t, s.Store.Renew(c, res.Lease, backends.MaxDuration))
+	rec := s.inspect(t, key)
+	require.Equal(t, backends.StateInProgress, rec.State)
+	require.Greater(t, rec.ExpiresAt.Sub(rec.LeaseExpiresAt), backends.MaxDuration-time.Hour, "kept for the retention after the lease")
+	require.NoError(t, s.Store.Complete(c, res.Lease, backends.MaxDuration, nil))
+	s.wait(1)
+	require.Equal(t, backends.OutcomeCompleted, s.acquire(t, key, s.owner(), long).Outcome)
+	rec = s.inspect(t, key)
+	require.Greater(t, rec.ExpiresAt.Sub(rec.CompletedAt), backends.MaxDuration-time.Hour, "kept for the retention after completion")
+
+	over := backends.MaxDuration + 1
+	key2 := s.key("over")
+	for name, req := range map[string]backends.AcquireRequest{
+		"lease TTL over MaxDuration": {Key: key2, Owner: s.owner(), LeaseTTL: over, Retention: long},
+		"retention over MaxDuration": {Key: key2, Owner: s.owner(), LeaseTTL: long, Retention: over},
+		"largest duration":           {Key: key2, Owner: s.owner(), LeaseTTL: math.MaxInt64, Retention: math.MaxInt64},
+	} {
+		_, err := s.Store.Acquire(c, req)
+		require.ErrorIs(t, err, backends.ErrInvalidRequest, name)
+	}
+	l2 := s.mustAcquire(t, key2, s.owner(), long)
+	require.ErrorIs(t, s.Store.Renew(c, l2, over), backends.ErrInvalidRequest)
+	require.ErrorIs(t, s.Store.Complete(c, l2, over, nil), backends.ErrInvalidRequest)
+	require.Equal(t, backends.StateInProgress, s.inspect(t, key2).State, "refused calls changed nothing")
+}
+
+// testOwners checks what an owner may be: up to MaxOwnerBytes of UTF-8
+// text without NUL, kept exactly; anything else is an invalid request in
+// every store alike.
+func testOwners(t *testing.T, s *suite) {
+	c := ctx(t)
+	longest := strings.Repeat("é", backends.MaxOwnerBytes/2) + "x" // 255 bytes
+	require.Len(t, longest, backends.MaxOwnerBytes)
+	for _, owner := range []string{longest, "ünïcødé-🔑", `quote"'; --`} {
+		key := s.key(owner)
+		l := s.mustAcquire(t, key, owner, long)
+		require.Equal(t, owner, s.inspect(t, key).Owner)
+		require.NoError(t, s.Store.Renew(c, l, long))
+		require.NoError(t, s.Store.Complete(c, l, long, nil))
+	}
+	key := s.key("bad")
+	for name, owner := range map[string]string{
+		"invalid UTF-8":  "owner-\xff",
+		"NUL":            "own\x00er",
+		"over the limit": longest + "y",
+	} {
+		_, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: long, Retention: long})
+		require.ErrorIs(t, err, backends.ErrInvalidRequest, name)
+		bad := backends.Lease{Key: key, Owner: owner, Token: 1}
+		require.ErrorIs(t, s.Store.Renew(c, bad, long), backends.ErrInvalidRequest, name)
+		require.ErrorIs(t, s.Store.Complete(c, bad, long, nil), backends.ErrInvalidRequest, name)
+		require.ErrorIs(t, s.Store.Release(c, bad), backends.ErrInvalidRequest, name)
+	}
+	_, err := s.Store.Inspect(c, key)
+	require.ErrorIs(t, err, backends.ErrNotFound, "invalid owners changed nothing")
+}
+
+// testPoolSize checks a store that reports its pool size
+// ([backends.PoolSizer]): the size is not negative, and more concurrent
+// calls than that are queued by its client, not refused.
+func testPoolSize(t *testing.T, s *suite) {
+	ps, ok := s.Store.(backends.PoolSizer)
+	if !ok {
+		return // an optional capability
+	}
+	n := ps.PoolSize()
+	require.GreaterOrEqual(t, n, 0)
+	keys := make([]string, min(2*n+1, 64))
+	for i := range keys {
+		keys[i] = s.key(fmt.Sprint(i))
+	}
+	for i, res := range s.acquireAtOnce(t, keys) {
+		require.Equal(t, backends.OutcomeAcquired, res.Outcome, "key %d of %d concurrent calls", i, len(keys))
+	}
 }
 
 func testCancelledContext(t *testing.T, s *suite) {
