@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -22,6 +23,9 @@ const (
 	DefaultStoreTimeout    = 5 * time.Second
 	DefaultMaxKeyBytes     = 512
 	DefaultMaxOutputBytes  = 1 << 20
+
+	DefaultMaxConcurrentAcquires = 8
+	DefaultMaxStoreBackoff       = 2 * time.Second
 
 	// MinLeaseTTL is the shortest lease TTL [New] accepts. The lease is
 	// renewed every third of its TTL, and stores keep time in milliseconds.
@@ -109,14 +113,37 @@ type Config struct {
 	// waiting. Defaults to 1 second.
 	MaxPollInterval time.Duration
 
-	// StoreTimeout bounds each store call (Acquire with its retries,
-	// Complete, Release). Renewals are bounded by the lease instead.
-	// Defaults to 5 seconds.
+	// StoreTimeout bounds each store call: an Acquire with its retries
+	// (not counting the wait for a slot, see MaxConcurrentAcquires), and
+	// each attempt at a Complete or Release. Renewals are bounded by the
+	// lease instead. Defaults to 5 seconds.
 	StoreTimeout time.Duration
+
+	// MaxConcurrentAcquires bounds the Acquire calls this middleware has
+	// in flight at once; further deliveries wait for a slot in arrival
+	// order. Renewals, completions and releases are not bounded, so as
+	// long as the store's client pool is larger than this bound, the
+	// leases of running handlers are kept however many new deliveries
+	// arrive. Keep it at most half the pool the store uses (go-redis:
+	// PoolSize; pgxpool: MaxConns), and lower if other middleware
+	// instances share that pool. Defaults to half the store's pool size
+	// when the store reports it (backends.PoolSizer: redisstore and
+	// pgstore do), otherwise 8.
+	MaxConcurrentAcquires int
+
+	// MaxStoreBackoff caps the spacing between acquisitions while the
+	// store fails (starting at 10ms and doubling with each round of
+	// failures), and is the most a delivery that failed on the store waits
+	// before it is nacked (it waits half to all of it, at random). This
+	// keeps brokers that redeliver a nack at once (GoChannel, AMQP, Redis
+	// Streams, SQL) from hammering a failing store. Defaults to 2 seconds.
+	MaxStoreBackoff time.Duration
 
 	// MaxKeyBytes is the longest full key (namespace included) accepted;
 	// a longer one is a [*KeyError] wrapping [ErrKeyTooLong]. Wrap the
-	// extractor in keyfunc.Hashed for long keys. Defaults to 512.
+	// extractor in keyfunc.Hashed for long keys. At most
+	// backends.MaxKeyBytes (2048), the longest key every store accepts.
+	// Defaults to 512.
 	MaxKeyBytes int
 
 	// MaxOutputBytes is the largest encoded set of produced messages that
@@ -153,6 +180,16 @@ type Config struct {
 	Observer Observer
 }
 
+// isNil reports whether s holds a nil pointer (or other nil value), such
+// as a *memstore.Store that was never created.
+func isNil(s backends.Store) bool {
+	switch v := reflect.ValueOf(s); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
+}
+
 // ErrInvalidConfig is wrapped by every error [New] returns.
 var ErrInvalidConfig = errors.New("idempotency: invalid config")
 
@@ -175,6 +212,15 @@ func (c Config) withDefaults() Config {
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = DefaultStoreTimeout
 	}
+	if c.MaxConcurrentAcquires == 0 {
+		c.MaxConcurrentAcquires = DefaultMaxConcurrentAcquires
+		if ps, ok := c.Store.(backends.PoolSizer); ok && !isNil(c.Store) && ps.PoolSize() > 0 {
+			c.MaxConcurrentAcquires = max(1, ps.PoolSize()/2)
+		}
+	}
+	if c.MaxStoreBackoff == 0 {
+		c.MaxStoreBackoff = DefaultMaxStoreBackoff
+	}
 	if c.MaxKeyBytes == 0 {
 		c.MaxKeyBytes = DefaultMaxKeyBytes
 	}
@@ -195,6 +241,7 @@ func (c Config) validate() error {
 		}
 	}
 	check(c.Store != nil, "Store is required")
+	check(c.Store == nil || !isNil(c.Store), "Store is a nil %T", c.Store)
 	if err := keyfunc.Validate(c.Key); err != nil {
 		errs = append(errs, fmt.Errorf("invalid Key: %w", err))
 	}
@@ -203,7 +250,20 @@ func (c Config) validate() error {
 	check(c.PollInterval > 0, "PollInterval must be positive, got %v", c.PollInterval)
 	check(c.MaxPollInterval >= c.PollInterval, "MaxPollInterval (%v) must be at least PollInterval (%v)", c.MaxPollInterval, c.PollInterval)
 	check(c.StoreTimeout > 0, "StoreTimeout must be positive, got %v", c.StoreTimeout)
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"LeaseTTL", c.LeaseTTL}, {"Retention", c.Retention}, {"InProgressWait", c.InProgressWait},
+		{"PollInterval", c.PollInterval}, {"MaxPollInterval", c.MaxPollInterval},
+		{"StoreTimeout", c.StoreTimeout}, {"MaxStoreBackoff", c.MaxStoreBackoff},
+	} {
+		check(d.v <= backends.MaxDuration, "%s must be at most %v, got %v", d.name, backends.MaxDuration, d.v)
+	}
+	check(c.MaxConcurrentAcquires > 0, "MaxConcurrentAcquires must be positive, got %d", c.MaxConcurrentAcquires)
+	check(c.MaxStoreBackoff > 0, "MaxStoreBackoff must be positive, got %v", c.MaxStoreBackoff)
 	check(c.MaxKeyBytes > 0, "MaxKeyBytes must be positive, got %d", c.MaxKeyBytes)
+	check(c.MaxKeyBytes <= backends.MaxKeyBytes, "MaxKeyBytes must be at most %d (backends.MaxKeyBytes), got %d", backends.MaxKeyBytes, c.MaxKeyBytes)
 	check(c.MaxKeyBytes > len(c.Namespace)+1, "MaxKeyBytes (%d) leaves no room for a key after Namespace %q", c.MaxKeyBytes, c.Namespace)
 	check(c.MaxOutputBytes > 0, "MaxOutputBytes must be positive, got %d", c.MaxOutputBytes)
 	check(c.OnKeyError == KeyErrorReject || c.OnKeyError == KeyErrorProcess, "OnKeyError: unknown policy %d", c.OnKeyError)

@@ -31,14 +31,18 @@ var errBoom = errors.New("boom")
 type faultStore struct {
 	backends.Store
 
-	mu          sync.Mutex
-	acquireErr  error // returned instead of calling Acquire
-	ambiguous   int   // this many Acquires are applied, then reported failed
-	renewErr    error
-	completeErr error
+	mu            sync.Mutex
+	acquireErr    error                            // returned instead of calling Acquire
+	ambiguous     int                              // this many Acquires are applied, then reported failed
+	renewErr      error                            // renewals hang until their deadline, then fail with it
+	completeErr   error                            // returned instead of calling Complete
+	completeFails int                              // this many Completes fail without being applied
+	completeLost  int                              // this many Completes are applied, then reported failed
+	releaseFails  int                              // this many Releases fail without being applied
+	holdAcquire   func(key string) <-chan struct{} // if it returns a channel, Acquire waits for it to close
 
-	acquires atomic.Int64
-	renews   atomic.Int64
+	acquires, renews, completes, releases atomic.Int64
+	inAcquire, maxInAcquire               atomic.Int64
 }
 
 func (f *faultStore) set(fn func(f *faultStore)) {
@@ -47,18 +51,39 @@ func (f *faultStore) set(fn func(f *faultStore)) {
 	fn(f)
 }
 
+// take decrements *n if it is positive and reports whether it was.
+func (f *faultStore) take(n *int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if *n > 0 {
+		*n--
+		return true
+	}
+	return false
+}
+
 func (f *faultStore) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
 	f.acquires.Add(1)
-	f.mu.Lock()
-	err := f.acquireErr
-	ambiguous := f.ambiguous > 0
-	if ambiguous {
-		f.ambiguous--
+	in := f.inAcquire.Add(1)
+	defer f.inAcquire.Add(-1)
+	for {
+		top := f.maxInAcquire.Load()
+		if in <= top || f.maxInAcquire.CompareAndSwap(top, in) {
+			break
+		}
 	}
+	f.mu.Lock()
+	err, hold := f.acquireErr, f.holdAcquire
 	f.mu.Unlock()
+	if hold != nil {
+		if ch := hold(req.Key); ch != nil {
+			<-ch
+		}
+	}
 	if err != nil {
 		return backends.AcquireResult{}, err
 	}
+	ambiguous := f.take(&f.ambiguous)
 	res, err := f.Store.Acquire(ctx, req)
 	if ambiguous && err == nil {
 		return backends.AcquireResult{}, errors.New("i/o timeout (the store applied the call)")
@@ -79,13 +104,30 @@ func (f *faultStore) Renew(ctx context.Context, l backends.Lease, ttl time.Durat
 }
 
 func (f *faultStore) Complete(ctx context.Context, l backends.Lease, retention time.Duration, out []byte) error {
+	f.completes.Add(1)
 	f.mu.Lock()
 	err := f.completeErr
 	f.mu.Unlock()
-	if err != nil {
+	switch {
+	case err != nil:
 		return err
+	case f.take(&f.completeFails):
+		return errors.New("connection reset (not applied)")
+	case f.take(&f.completeLost):
+		if err := f.Store.Complete(ctx, l, retention, out); err != nil {
+			return err
+		}
+		return errors.New("i/o timeout (the store applied the call)")
 	}
 	return f.Store.Complete(ctx, l, retention, out)
+}
+
+func (f *faultStore) Release(ctx context.Context, l backends.Lease) error {
+	f.releases.Add(1)
+	if f.take(&f.releaseFails) {
+		return errors.New("connection reset (not applied)")
+	}
+	return f.Store.Release(ctx, l)
 }
 
 // newMiddleware returns the middleware over store with test-friendly
@@ -98,7 +140,10 @@ func newMiddleware(t *testing.T, store backends.Store, fn func(c *middleware.Con
 		Namespace:    "test",
 		LeaseTTL:     time.Second,
 		PollInterval: 5 * time.Millisecond,
-		Observer:     counters,
+		// Short, so that tests of store failures do not wait long before
+		// their nack; guard_test.go checks the pause itself.
+		MaxStoreBackoff: 100 * time.Millisecond,
+		Observer:        counters,
 	}
 	if fn != nil {
 		fn(&cfg)

@@ -19,7 +19,9 @@ import (
 // with a cause wrapping ErrLeaseLost.
 //
 // It runs on a timer rather than a goroutine of its own, so a handler that
-// finishes within ttl/3 costs no goroutine at all.
+// finishes within ttl/3 costs no goroutine at all. It keeps running after
+// the handler returns, while the completion or release is retried, until
+// stop is called.
 type keeper struct {
 	store   backends.Store
 	lease   backends.Lease
@@ -34,6 +36,7 @@ type keeper struct {
 	deadline    time.Time
 	stopped     bool
 	lost        error
+	lostCh      chan struct{}      // closed when lost is set
 	renewCancel context.CancelFunc // of the renewal under way, if any
 	running     sync.WaitGroup
 }
@@ -50,6 +53,7 @@ func startKeeper(base context.Context, store backends.Store, lease backends.Leas
 		cancel:   cancel,
 		base:     base,
 		deadline: sentAt.Add(ttl),
+		lostCh:   make(chan struct{}),
 	}
 	k.mu.Lock()
 	k.timer = time.AfterFunc(ttl/3, k.tick)
@@ -100,11 +104,22 @@ func (k *keeper) tick() {
 // lose records the loss and cancels the handler. The caller holds k.mu.
 func (k *keeper) lose(err error) {
 	k.lost = err
+	close(k.lostCh)
 	k.cancel(err)
 }
 
+// done is closed when the lease is lost.
+func (k *keeper) done() <-chan struct{} { return k.lostCh }
+
+// err returns the error the lease was lost with, or nil while it holds.
+func (k *keeper) err() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.lost
+}
+
 // stop stops renewing, waits for a renewal under way, and returns the
-// error the lease was lost with, if it was.
+// error the lease was lost with, if it was. Calling it again is harmless.
 func (k *keeper) stop() error {
 	k.mu.Lock()
 	k.stopped = true

@@ -23,7 +23,8 @@ import (
 // concurrent use and may be shared by several handlers: each gets its own
 // key namespace (the handler name) unless Config.Namespace is set.
 type Idempotency struct {
-	cfg Config
+	cfg   Config
+	guard *guard
 }
 
 // New returns the middleware for cfg, or an error wrapping
@@ -33,7 +34,7 @@ func New(cfg Config) (*Idempotency, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Idempotency{cfg: cfg}, nil
+	return &Idempotency{cfg: cfg, guard: newGuard(cfg.MaxConcurrentAcquires, cfg.MaxStoreBackoff)}, nil
 }
 
 // Owner tokens are unique per delivery attempt: 64 random bits chosen once
@@ -102,13 +103,17 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 	}
 
 	res, sentAt, err := m.acquire(d)
+	if err != nil && d.msg.Context().Err() != nil {
+		// Cancelled (the router is closing) while waiting for a slot.
+		return m.finish(d, OutcomeInProgress, nil, err)
+	}
 	if err != nil {
 		err = fmt.Errorf("%w: acquire %q: %w", ErrStore, key, err)
 		if m.cfg.FailOpen {
 			d.ev.Err = err
 			return m.runUnprotected(d, h)
 		}
-		return m.finish(d, OutcomeStoreError, nil, err)
+		return m.storeError(d, err)
 	}
 	if res.Outcome == backends.OutcomeInProgress && !m.mismatch(d, res) {
 		res, sentAt, err = m.waitForHolder(d, res)
@@ -118,12 +123,12 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 			return m.finish(d, OutcomeInProgress, nil, err)
 		}
 		if err != nil {
-			return m.finish(d, OutcomeStoreError, nil, err)
+			return m.storeError(d, err)
 		}
 	}
 	if m.mismatch(d, res) && m.cfg.OnFingerprintMismatch == MismatchReject {
 		if res.Outcome == backends.OutcomeAcquired {
-			m.release(d, res.Lease)
+			m.release(d, nil, res.Lease)
 		}
 		return m.finish(d, OutcomeFingerprintMismatch, nil, fmt.Errorf("%w: key %q", ErrFingerprintMismatch, key))
 	}
@@ -134,7 +139,7 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 	case backends.OutcomeCompleted:
 		out, err := decodeOutput(res.Output)
 		if err != nil {
-			return m.finish(d, OutcomeStoreError, nil, fmt.Errorf("key %q: %w", key, err))
+			return m.storeError(d, fmt.Errorf("key %q: %w", key, err))
 		}
 		d.ev.Replayed = len(out)
 		return m.finish(d, OutcomeDuplicate, out, nil)
@@ -172,28 +177,43 @@ func (m *Idempotency) mismatch(d *delivery, res backends.AcquireResult) bool {
 	return true
 }
 
-// acquire calls Store.Acquire, retrying failures within StoreTimeout. A
-// retry after an ambiguous failure (the store applied the call, the reply
-// was lost) is safe because Acquire is re-entrant for the same owner. It
-// also returns when the successful call was sent, which starts the lease.
+// acquire calls Store.Acquire once it has a slot (see [guard]), retrying
+// transient failures within StoreTimeout. A retry after an ambiguous
+// failure (the store applied the call, the reply was lost) is safe because
+// Acquire is re-entrant for the same owner. Errors retrying cannot fix
+// return at once. It also returns when the successful call was sent, which
+// starts the lease.
 func (m *Idempotency) acquire(d *delivery) (backends.AcquireResult, time.Time, error) {
+	if err := m.guard.enter(d.msg.Context()); err != nil {
+		return backends.AcquireResult{}, time.Time{}, fmt.Errorf("waiting for a store slot: %w", err)
+	}
+	defer m.guard.leave()
 	ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
 	defer ctx.stop()
 	req := backends.AcquireRequest{Key: d.key, Owner: d.owner, LeaseTTL: m.cfg.LeaseTTL, Retention: m.cfg.Retention, Fingerprint: d.fp}
-	backoff := 10 * time.Millisecond
+	var last error
 	for {
+		t, err := m.guard.admit(ctx)
+		if err != nil {
+			return backends.AcquireResult{}, time.Time{}, errors.Join(last, err)
+		}
 		sent := time.Now()
-		res, err := m.cfg.Store.Acquire(ctx, req)
-		if err == nil || errors.Is(err, backends.ErrInvalidRequest) {
+		res, err := m.acquireOnce(ctx, t, req)
+		if !retryable(err) {
 			return res, sent, err
 		}
-		select {
-		case <-ctx.Done():
+		if ctx.Err() != nil {
 			return res, sent, errors.Join(err, ctx.Err())
-		case <-time.After(backoff):
-			backoff *= 2
 		}
+		last = err
 	}
+}
+
+// acquireOnce makes one Acquire call admitted by the guard, and records its
+// result even if the store panics.
+func (m *Idempotency) acquireOnce(ctx context.Context, t ticket, req backends.AcquireRequest) (res backends.AcquireResult, err error) {
+	defer func() { m.guard.record(t, err) }()
+	return m.cfg.Store.Acquire(ctx, req)
 }
 
 // waitForHolder polls the store, with backoff, until the holder of the key
@@ -255,9 +275,10 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 		if panicked {
 			// Let the redelivery run: give the lease up, then let the
 			// panic go on to the router (or a Recoverer middleware).
-			if k.stop() == nil {
-				m.release(d, lease)
+			if k.err() == nil {
+				m.release(d, k, lease)
 			}
+			k.stop()
 			d.ev.HandlerDuration = time.Since(start)
 			m.finish(d, OutcomeHandlerFailed, nil, errors.New("handler panicked"))
 		}
@@ -266,10 +287,9 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 	panicked = false
 	d.ev.HandlerDuration = time.Since(start)
 
-	ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
-	defer ctx.stop()
-	if lost := k.stop(); lost != nil {
-		if err == nil && m.completedUnder(ctx, lease) {
+	if lost := k.err(); lost != nil {
+		k.stop()
+		if err == nil && m.completedUnder(d, lease) {
 			// The handler completed the key in its own transaction; a
 			// renewal that waited on that transaction's row lock then found
 			// the key completed, not lost.
@@ -280,36 +300,96 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 		return m.finish(d, OutcomeLeaseLost, nil, errors.Join(lost, err))
 	}
 	if err != nil {
-		m.release(d, lease)
+		m.release(d, k, lease)
 		return m.finish(d, OutcomeHandlerFailed, nil, err)
 	}
 	encoded := encodeOutput(out)
 	if len(encoded) > m.cfg.MaxOutputBytes {
-		m.release(d, lease)
+		m.release(d, k, lease)
 		return m.finish(d, OutcomeOutputTooLarge, nil, fmt.Errorf("%w: %d messages encode to %d bytes, the limit is %d",
 			ErrOutputTooLarge, len(out), len(encoded), m.cfg.MaxOutputBytes))
 	}
-	switch err := m.cfg.Store.Complete(ctx, lease, m.cfg.Retention, encoded); {
-	case errors.Is(err, backends.ErrLeaseLost) && m.completedUnder(ctx, lease):
-		// The handler completed the key itself, in the transaction that
-		// holds its own writes (pgstore.Store.CompleteTx).
-		d.ev.CompletedByHandler = true
+	cerr, attempts := m.settle(d, k, func(ctx context.Context) error {
+		return m.cfg.Store.Complete(ctx, lease, m.cfg.Retention, encoded)
+	})
+	lost := k.stop()
+	switch {
+	case cerr == nil:
 		return m.finish(d, OutcomeProcessed, out, nil)
-	case errors.Is(err, backends.ErrLeaseLost):
-		return m.finish(d, OutcomeLeaseLost, nil, fmt.Errorf("%w: at completion: %w", ErrLeaseLost, err))
-	case err != nil:
-		d.ev.Err = fmt.Errorf("%w: complete %q: %w", ErrStore, d.key, err)
-		m.finish(d, OutcomeProcessedNotRecorded, nil, nil)
-		return out, nil
+	case m.completedUnder(d, lease):
+		// The handler completed the key itself, in the transaction that
+		// holds its own writes (pgstore.Store.CompleteTx), if the very
+		// first attempt found it so; otherwise an earlier attempt was
+		// applied and its reply lost.
+		d.ev.CompletedByHandler = attempts == 1 && errors.Is(cerr, backends.ErrLeaseLost)
+		return m.finish(d, OutcomeProcessed, out, nil)
+	case errors.Is(cerr, backends.ErrLeaseLost), errors.Is(lost, backends.ErrLeaseLost):
+		// The store says another owner holds the key, or deleted it.
+		return m.finish(d, OutcomeLeaseLost, nil, fmt.Errorf("%w: at completion: %w", ErrLeaseLost, errors.Join(cerr, lost)))
 	}
-	return m.finish(d, OutcomeProcessed, out, nil)
+	// The last resort: the work is done, but its completion could not be
+	// recorded while the lease could still be kept. Nacking would run the
+	// handler again for certain; acking lets a duplicate run it again only
+	// if one arrives after the lease has run out.
+	d.ev.Err = fmt.Errorf("%w: complete %q: %w", ErrStore, d.key, errors.Join(cerr, lost))
+	m.finish(d, OutcomeProcessedNotRecorded, nil, nil)
+	return out, nil
+}
+
+// settle runs op (a Complete or Release of the lease) until it succeeds or
+// fails for good, retrying transient failures with jittered backoff while
+// the keeper still holds the lease, and for at most a lease TTL (or
+// StoreTimeout if longer) in all. Each attempt is bounded by StoreTimeout.
+// The keeper keeps renewing meanwhile, so a slow or briefly unreachable
+// store delays the settlement instead of letting the lease run out under
+// finished work. It returns op's last error and the number of attempts.
+func (m *Idempotency) settle(d *delivery, k *keeper, op func(ctx context.Context) error) (err error, attempts int) {
+	limit := time.Now().Add(max(m.cfg.LeaseTTL, m.cfg.StoreTimeout))
+	wait := backoffBase
+	for {
+		ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
+		err = op(ctx)
+		ctx.stop()
+		attempts++
+		if !retryable(err) || errors.Is(err, backends.ErrLeaseLost) {
+			return err, attempts
+		}
+		pause := jitter(wait)
+		if time.Until(limit) < pause {
+			return err, attempts
+		}
+		var lostCh <-chan struct{} // nil, never ready, without a keeper
+		if k != nil {
+			lostCh = k.done()
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-lostCh:
+			t.Stop()
+			return err, attempts
+		case <-t.C:
+		}
+		wait = min(wait*2, m.cfg.MaxStoreBackoff, max(m.cfg.LeaseTTL/10, backoffBase))
+	}
 }
 
 // completedUnder reports whether the key was completed under lease: by the
-// same owner with the same fencing token, so by this very attempt.
-func (m *Idempotency) completedUnder(ctx context.Context, lease backends.Lease) bool {
-	rec, err := m.cfg.Store.Inspect(ctx, lease.Key)
-	return err == nil && rec.State == backends.StateCompleted && rec.Owner == lease.Owner && rec.Token == lease.Token
+// same owner with the same fencing token, so by this very attempt. It
+// retries transient failures within StoreTimeout: its answer decides
+// between an ack and a nack.
+func (m *Idempotency) completedUnder(d *delivery, lease backends.Lease) bool {
+	ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
+	defer ctx.stop()
+	for wait := backoffBase; ; wait = min(wait*2, m.cfg.MaxStoreBackoff) {
+		rec, err := m.cfg.Store.Inspect(ctx, lease.Key)
+		if !retryable(err) || errors.Is(err, backends.ErrNotFound) {
+			return err == nil && rec.State == backends.StateCompleted && rec.Owner == lease.Owner && rec.Token == lease.Token
+		}
+		if dl, _ := ctx.Deadline(); time.Until(dl) < wait {
+			return false
+		}
+		sleepCtx(ctx, jitter(wait))
+	}
 }
 
 // runUnprotected runs the handler without a lease (FailOpen, KeyErrorProcess).
@@ -324,14 +404,28 @@ func (m *Idempotency) runUnprotected(d *delivery, h message.HandlerFunc) ([]*mes
 	return out, err
 }
 
-// release gives the lease up after a failure. A failure to release is
-// logged: the lease then runs out by itself within LeaseTTL.
-func (m *Idempotency) release(d *delivery, lease backends.Lease) {
-	ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
-	defer ctx.stop()
-	if err := m.cfg.Store.Release(ctx, lease); err != nil {
+// release gives the lease up after a failure, so the redelivery can take
+// the key at once, retrying while the keeper holds the lease (see settle),
+// then stops the keeper (k may be nil: the lease was never kept). If it
+// still fails, the failure is logged: the lease then runs out by itself
+// within LeaseTTL.
+func (m *Idempotency) release(d *delivery, k *keeper, lease backends.Lease) {
+	err, _ := m.settle(d, k, func(ctx context.Context) error { return m.cfg.Store.Release(ctx, lease) })
+	if k != nil {
+		k.stop()
+	}
+	if err != nil && !errors.Is(err, backends.ErrLeaseLost) {
 		m.cfg.Logger.Error("idempotency: release failed; the lease will run out by itself", err, m.fields(d))
 	}
+}
+
+// storeError reports a delivery that failed on the store, after a pause
+// (see guard.pause) so that a broker that redelivers a nack at once does
+// not turn a store outage into a storm of calls. The pause ends early if
+// the delivery is cancelled.
+func (m *Idempotency) storeError(d *delivery, err error) ([]*message.Message, error) {
+	sleepCtx(d.msg.Context(), m.guard.pause())
+	return m.finish(d, OutcomeStoreError, nil, err)
 }
 
 // finish reports the outcome and returns what the handler should return.

@@ -291,19 +291,6 @@ func TestAmbiguousAcquireRetriedReentrantly(t *testing.T) {
 	require.EqualValues(t, 1, counters.Count(middleware.OutcomeProcessed))
 }
 
-// A completion the store cannot record still acks: a nack would run the
-// handler again for certain.
-func TestCompleteFailureStillAcks(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}), completeErr: errors.New("connection reset")}
-	m, counters := newMiddleware(t, store, nil)
-	out, err := m.Middleware(func(*message.Message) ([]*message.Message, error) {
-		return []*message.Message{newMsg("o", "x")}, nil
-	})(newMsg("k", "x"))
-	require.NoError(t, err)
-	require.Len(t, out, 1, "the output is still published")
-	require.EqualValues(t, 1, counters.Count(middleware.OutcomeProcessedNotRecorded))
-}
-
 func TestKeyErrors(t *testing.T) {
 	var runs atomic.Int32
 	run := func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil }

@@ -3,7 +3,6 @@ package middleware_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -271,67 +270,6 @@ func TestRouterInProgressDuplicateDoesNotSpinTheStore(t *testing.T) {
 	require.Less(t, calls, int64(80), "store calls in one second of contention")
 	require.Positive(t, counters.Count(middleware.OutcomeInProgress), "the duplicate was nacked, never acked, while the holder ran")
 	require.EqualValues(t, 1, runs.Load())
-}
-
-// Eight routers (as eight service instances would be) consume the same
-// messages, each several times, with failures injected; they share one
-// store. Every key's handler completes exactly once and nothing is lost.
-func TestManyRoutersShareOneStore(t *testing.T) {
-	const routers, keys, deliveries = 8, 200, 3
-	store := memstore.New(memstore.Options{})
-	var mu sync.Mutex
-	completed := map[string]int{}
-	var failures atomic.Int32
-	handler := func(msg *message.Message) error {
-		if msg.Payload[0] == 'f' && failures.Add(1)%2 == 1 {
-			return errBoom // every other attempt at a "flaky" key fails
-		}
-		mu.Lock()
-		completed[msg.UUID]++
-		mu.Unlock()
-		return nil
-	}
-	var all []*middleware.Counters
-	var envs []*routerEnv
-	for range routers {
-		m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.Namespace = "shared" })
-		all = append(all, counters)
-		envs = append(envs, newRouter(t, func(r *message.Router, ps *gochannel.GoChannel) {
-			r.AddConsumerHandler("h", "in", ps, handler).AddMiddleware(m.Middleware)
-		}))
-	}
-	var wg sync.WaitGroup
-	for _, env := range envs {
-		wg.Go(func() {
-			for range deliveries {
-				for k := range keys {
-					payload := "ok"
-					if k%5 == 0 {
-						payload = "flaky"
-					}
-					env.publish(t, "in", newMsg(fmt.Sprintf("key-%d", k), payload))
-				}
-			}
-		})
-	}
-	wg.Wait()
-	sum := func(o middleware.Outcome) (n int64) {
-		for _, c := range all {
-			n += c.Count(o)
-		}
-		return n
-	}
-	waitFor(t, "every delivery acked", func() bool {
-		return sum(middleware.OutcomeProcessed)+sum(middleware.OutcomeDuplicate) == routers*keys*deliveries
-	})
-	mu.Lock()
-	defer mu.Unlock()
-	require.Len(t, completed, keys, "no key lost")
-	for k, n := range completed {
-		require.Equal(t, 1, n, "key %s completed %d times", k, n)
-	}
-	require.EqualValues(t, keys, sum(middleware.OutcomeProcessed))
-	require.Positive(t, sum(middleware.OutcomeHandlerFailed), "failures were injected and retried")
 }
 
 func TestOutcomesAckedMatchesRouterBehaviour(t *testing.T) {

@@ -3,8 +3,6 @@ package pgstore_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,7 +13,6 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
-	"github.com/watermill-idempotency/idempotency/internal/fleet"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	"github.com/watermill-idempotency/idempotency/middleware"
@@ -158,67 +155,4 @@ func TestTxCompletionIsRecognised(t *testing.T) {
 	require.Len(t, events, 1)
 	require.Equal(t, middleware.OutcomeProcessed, events[0].Outcome)
 	require.True(t, events[0].CompletedByHandler)
-}
-
-// A storm: eight routers, thousands of keys, each delivered three times to
-// three routers at once; some attempts roll back, some commit and then
-// lose their return. Business rows == unique keys, exactly.
-func TestTxStormExactlyOnceEffects(t *testing.T) {
-	const routers, keys, copies = 8, 2000, 3
-	e := newTxEnv(t)
-	var rollbacks, lostReturns sync.Map
-	before := func(orderID string) error {
-		if len(orderID)%4 == 0 {
-			if _, loaded := rollbacks.LoadOrStore(orderID, true); !loaded {
-				return errors.New("injected rollback")
-			}
-		}
-		return nil
-	}
-	after := func(orderID string) error {
-		if len(orderID)%4 == 1 {
-			if _, loaded := lostReturns.LoadOrStore(orderID, true); !loaded {
-				return errors.New("injected lost return after commit")
-			}
-		}
-		return nil
-	}
-
-	// Each instance is set up as a service should be: a bounded number of
-	// deliveries at once (a broker's worker count), its own pool for the
-	// business transactions, and a separate small pool for the store, so
-	// lease renewals never queue behind business work.
-	const workers = 8
-	f := fleet.Start(t, routers, func(_ int, counters *middleware.Counters) message.NoPublishHandlerFunc {
-		storePool := testserver.PostgresPool(t)
-		store, err := pgstore.New(storePool, e.store.Options())
-		require.NoError(t, err)
-		instance := &txEnv{pool: testserver.PostgresPool(t), store: store, table: e.table}
-		idem := newIdem(t, store, counters)
-		handler := idem.Middleware(instance.charge(before, after))
-		slots := make(chan struct{}, workers)
-		return func(msg *message.Message) error {
-			slots <- struct{}{}
-			defer func() { <-slots }()
-			_, err := handler(msg)
-			return err
-		}
-	})
-	f.PublishCopies(t, keys, copies, func(k int) []byte { return []byte(fmt.Sprintf("order-%d", k)) })
-	f.WaitAcked(t, keys*copies, 3*time.Minute)
-
-	var total, distinct, dupes int
-	require.NoError(t, e.pool.QueryRow(context.Background(),
-		`SELECT count(*), count(DISTINCT order_id), (SELECT count(*) FROM (SELECT 1 FROM `+e.table+` GROUP BY order_id HAVING count(*) > 1) d) FROM `+e.table).
-		Scan(&total, &distinct, &dupes))
-	require.Equal(t, keys, distinct, "every key's effect is there")
-	require.Equal(t, keys, total, "business rows == unique keys")
-	require.Zero(t, dupes)
-	var nRollbacks, nLost int
-	rollbacks.Range(func(any, any) bool { nRollbacks++; return true })
-	lostReturns.Range(func(any, any) bool { nLost++; return true })
-	require.Positive(t, nRollbacks)
-	require.Positive(t, nLost)
-	t.Logf("%d deliveries over %d routers: %d rows for %d keys; %d rollbacks and %d lost returns injected; outcomes %v",
-		keys*copies, routers, total, keys, nRollbacks, nLost, f.Outcomes())
 }

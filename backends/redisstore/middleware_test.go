@@ -1,9 +1,10 @@
 package redisstore_test
 
 import (
+	"bytes"
 	"context"
-	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/redisstore"
 	"github.com/watermill-idempotency/idempotency/internal/fleet"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	"github.com/watermill-idempotency/idempotency/middleware"
@@ -53,72 +55,29 @@ func TestRedisUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 		"cancelled at %v, lease expired at %v", cancelledAt.Format(time.StampMilli), rec.LeaseExpiresAt.Format(time.StampMilli))
 }
 
-// Eight service instances, each its own router and subscriber, share one
-// Redis store. Every key is delivered three times, to three instances at
-// once; some handlers fail on their first attempt. Every key's work
-// completes exactly once, every failure is retried, and every delivery
-// is acked in the end.
-func TestManyConsumersOneRedisStore(t *testing.T) {
-	const instances, keys, copies = 8, 2000, 3
-	client := testserver.RedisClient(t)
-	store := newStore(t, client)
-
-	var (
-		mu          sync.Mutex
-		completions = make(map[string]int, keys)
-		attempts    sync.Map // key -> *atomic.Int32
-		failures    atomic.Int32
-	)
-	handler := func(msg *message.Message) error {
-		key := string(msg.Payload)
-		n, _ := attempts.LoadOrStore(key, new(atomic.Int32))
-		if n.(*atomic.Int32).Add(1) == 1 && len(key)%3 == 0 { // some keys fail their first attempt
-			failures.Add(1)
-			return errors.New("injected failure")
-		}
-		mu.Lock()
-		completions[key]++
-		mu.Unlock()
-		return nil
-	}
-
-	f := fleet.Start(t, instances, func(_ int, counters *middleware.Counters) message.NoPublishHandlerFunc {
-		idem, err := middleware.New(middleware.Config{
-			Store:        store,
-			Key:          payloadKey{},
-			LeaseTTL:     5 * time.Second,
-			PollInterval: 5 * time.Millisecond,
-			Observer:     counters,
-		})
-		require.NoError(t, err)
-		return func(msg *message.Message) error {
-			_, err := idem.Middleware(func(m *message.Message) ([]*message.Message, error) { return nil, handler(m) })(msg)
-			return err
-		}
-	})
-	// Each copy of a key goes to a different instance, with a new message
-	// UUID, as a producer retry would.
-	f.PublishCopies(t, keys, copies, func(k int) []byte { return []byte(fmt.Sprintf("order-%d", k)) })
-	f.WaitAcked(t, keys*copies, 2*time.Minute)
-
-	mu.Lock()
-	defer mu.Unlock()
-	require.Len(t, completions, keys, "no key lost")
-	for k, n := range completions {
-		require.Equal(t, 1, n, "key %s completed %d times", k, n)
-	}
-	processed, failed := f.Count(middleware.OutcomeProcessed, middleware.OutcomeProcessedNotRecorded), f.Count(middleware.OutcomeHandlerFailed)
-	require.EqualValues(t, keys, processed, "outcomes: %v", f.Outcomes())
-	require.EqualValues(t, failures.Load(), failed)
-	require.Positive(t, failed, "failures were injected")
-	t.Logf("%d deliveries over %d instances: %d processed, %d duplicates, %d failures retried",
-		keys*copies, instances, processed, f.Count(middleware.OutcomeDuplicate), failed)
+// The storm on Redis, under the overload the library must survive: eight
+// service instances, each with its own Redis client and a pool of only 10
+// connections, receive three copies of each of 2,000 keys at once, and
+// every copy is handled concurrently (GoChannel delivers them all at
+// once); some handlers fail their first attempt. The configuration is the
+// default one. Every key's effect is applied exactly once through a fenced
+// sink, no delivery is acked before its key's effect, and completions are
+// recorded (fleet.Report.Check). make test-stress runs it with every core
+// loaded by CPU hogs; docs/reliability.md has the figures.
+func TestStormRedis(t *testing.T) {
+	addr := testserver.RedisClient(t).Options().Addr
+	prefix := testserver.Unique("storm:")
+	fleet.Storm{
+		Instances: 8, Keys: 2000, Copies: 3,
+		Store: func(t testing.TB, _ int) backends.Store {
+			client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 10})
+			t.Cleanup(func() { _ = client.Close() })
+			s, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
+			require.NoError(t, err)
+			return s
+		},
+	}.Run(t).Check(t)
 }
-
-// payloadKey uses the payload as the key: the order id.
-type payloadKey struct{}
-
-func (payloadKey) Key(msg *message.Message) (string, error) { return string(msg.Payload), nil }
 
 var _ backends.Store = (*countingStore)(nil)
 
@@ -157,4 +116,146 @@ func TestHappyPathRoundTrips(t *testing.T) {
 	_, err = h(message.NewMessage("m1", nil))
 	require.NoError(t, err)
 	require.EqualValues(t, 3, store.calls.Load())
+}
+
+// heldConn holds back, while keeping its pool connection, every command
+// that names a "slow-" key until hold is closed: a server slow to answer
+// new work.
+type heldConn struct {
+	net.Conn
+	hold    <-chan struct{}
+	blocked *atomic.Int32
+}
+
+func (c heldConn) Write(b []byte) (int, error) {
+	if bytes.Contains(b, []byte("slow-")) {
+		c.blocked.Add(1)
+		<-c.hold
+		c.blocked.Add(-1)
+	}
+	return c.Conn.Write(b)
+}
+
+// renewCounter counts renewals.
+type renewCounter struct {
+	backends.Store
+	renews atomic.Int64
+}
+
+func (r *renewCounter) Renew(ctx context.Context, l backends.Lease, ttl time.Duration) error {
+	r.renews.Add(1)
+	return r.Store.Renew(ctx, l, ttl)
+}
+
+// PoolSize forwards the store's pool size, as a wrapper should.
+func (r *renewCounter) PoolSize() int { return r.Store.(backends.PoolSizer).PoolSize() }
+
+// New deliveries whose acquisitions hang take connections from a pool of
+// four. With MaxConcurrentAcquires below the pool size (set, or by default
+// half the pool the store reports), a running handler's lease is still
+// renewed and its completion recorded. The control, with the bound above
+// the pool size, shows what the bound prevents: every connection is taken
+// by new work, the renewals cannot be sent, and the handler's lease is
+// lost.
+func TestLeaseKeptWhileAcquiresSaturateThePool(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		bound, taken int
+		kept         bool
+	}{
+		{"bound below the pool", 1, 1, true},
+		{"default: half the pool", 0, 2, true},
+		{"control: bound above the pool", 64, 4, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := testserver.RedisClient(t).Options().Addr
+			hold := make(chan struct{})
+			var blocked atomic.Int32
+			client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 4,
+				Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+					c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+					if err != nil {
+						return nil, err
+					}
+					return heldConn{Conn: c, hold: hold, blocked: &blocked}, nil
+				}})
+			var unblock sync.Once
+			t.Cleanup(func() { unblock.Do(func() { close(hold) }); _ = client.Close() })
+			store := &renewCounter{Store: newStore(t, client)}
+			counters := &middleware.Counters{}
+			idem, err := middleware.New(middleware.Config{
+				Store: store, Namespace: "pool", Observer: counters,
+				LeaseTTL:              3 * time.Second, // renewed every second; a 300ms margin
+				MaxConcurrentAcquires: tc.bound,
+			})
+			require.NoError(t, err)
+
+			running, finish := make(chan struct{}), make(chan struct{})
+			var cancelled atomic.Bool
+			held := make(chan error, 1)
+			go func() {
+				_, err := idem.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+					close(running)
+					select {
+					case <-finish:
+					case <-msg.Context().Done():
+						cancelled.Store(true)
+						<-finish
+					}
+					return nil, nil
+				})(message.NewMessage("held", nil))
+				held <- err
+			}()
+			<-running
+
+			var slow sync.WaitGroup
+			for i := range 16 {
+				slow.Go(func() {
+					_, _ = idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(
+						message.NewMessage(fmt.Sprintf("slow-%d", i), nil))
+				})
+			}
+			require.Eventually(t, func() bool { return int(blocked.Load()) == tc.taken }, 10*time.Second, time.Millisecond,
+				"new acquisitions hold %d connections", tc.taken)
+			renews := store.renews.Load()
+			if tc.kept {
+				require.Eventually(t, func() bool { return store.renews.Load() >= renews+3 }, time.Minute, 10*time.Millisecond, "renewals go on")
+			} else {
+				require.Eventually(t, cancelled.Load, time.Minute, 10*time.Millisecond, "the lease is lost")
+			}
+			close(finish)
+			err = <-held
+			unblock.Do(func() { close(hold) })
+			slow.Wait()
+			if tc.kept {
+				require.NoError(t, err)
+				require.False(t, cancelled.Load())
+				require.EqualValues(t, 17, counters.Count(middleware.OutcomeProcessed))
+			} else {
+				require.ErrorIs(t, err, middleware.ErrLeaseLost)
+				require.EqualValues(t, 1, counters.Count(middleware.OutcomeLeaseLost))
+			}
+		})
+	}
+}
+
+// A record key of another type (someone else's data under the prefix) is
+// an error retrying cannot fix: the middleware fails the delivery after
+// one call.
+func TestWrongTypeIsRejected(t *testing.T) {
+	client := testserver.RedisClient(t)
+	prefix := testserver.Unique("wrongtype:")
+	s, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
+	require.NoError(t, err)
+	require.NoError(t, client.Set(context.Background(), prefix+"t:k", "not a hash", time.Minute).Err())
+	_, err = s.Acquire(context.Background(), backends.AcquireRequest{Key: "t:k", Owner: "o", LeaseTTL: time.Second})
+	require.ErrorIs(t, err, backends.ErrRejected)
+
+	store := &countingStore{Store: s}
+	idem, err := middleware.New(middleware.Config{Store: store, Namespace: "t", MaxStoreBackoff: 10 * time.Millisecond})
+	require.NoError(t, err)
+	_, err = idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("k", nil))
+	require.ErrorIs(t, err, middleware.ErrStore)
+	require.ErrorIs(t, err, backends.ErrRejected)
+	require.EqualValues(t, 1, store.calls.Load(), "not retried")
 }
