@@ -14,6 +14,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
+	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	"github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -96,5 +97,95 @@ func TestBoundedWaitPreventsHotLoopOnRedisStreams(t *testing.T) {
 	}
 	if withoutWait < 10*withWait {
 		t.Errorf("without the wait the nack loop made only %d store calls (with it: %d); the comparison shows nothing", withoutWait, withWait)
+	}
+}
+
+// acquiresDuringOutage delivers messages through Redis Streams while the
+// store's own Redis is down for outage, and returns how many Acquire calls
+// the middleware made in that time. Every store-error nack is resent at
+// once by Redis Streams. When the store is back, every message is
+// processed.
+func acquiresDuringOutage(t *testing.T, maxBackoff, outage time.Duration) int64 {
+	const messages = 5
+	ctx := context.Background()
+	storeServer := testserver.StartRedis(t)
+	// The worst case: a client that fails at once, without go-redis's own
+	// dial retries (5 by default, 100ms apart) slowing each failed call.
+	storeClient := redis.NewClient(&redis.Options{Addr: storeServer.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { _ = storeClient.Close() })
+	inner, err := redisstore.New(storeClient, redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &countingStore{Store: inner}
+
+	client := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR", "127.0.0.1:6379")})
+	t.Cleanup(func() { _ = client.Close() })
+	stream := fmt.Sprintf("outage-%d", time.Now().UnixNano())
+	t.Cleanup(func() { client.Del(context.Background(), stream) })
+	logger := watermill.NopLogger{}
+	sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
+		Client: client, Consumer: "c", ConsumerGroup: stream + "-g", OldestId: "0", BlockTime: 50 * time.Millisecond,
+	}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem, err := middleware.New(middleware.Config{Store: store, Namespace: "charge", Key: keyfunc.JSONField("order_id"), MaxStoreBackoff: maxBackoff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var processed atomic.Int32
+	router.AddConsumerHandler("charge", stream, sub, func(*message.Message) error { processed.Add(1); return nil }).AddMiddleware(idem.Middleware)
+
+	storeServer.Stop()
+	go func() { _ = router.Run(ctx) }()
+	<-router.Running()
+	defer router.Close()
+	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	for i := range messages {
+		if err := pub.Publish(stream, message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"order_id":"o-%d"}`, i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(outage)
+	calls := store.acquires.Load()
+	storeServer.Start()
+	deadline := time.Now().Add(time.Minute)
+	for processed.Load() < messages {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d messages processed a minute after the store came back", processed.Load(), messages)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return calls
+}
+
+// The store is down while Redis Streams, whose nack resends an entry at
+// once, keeps delivering. With the default MaxStoreBackoff (2s), the
+// store sees a trickle of calls: one probe at a time, spaced out up to 2s
+// apart, and each failed delivery pauses before its nack. The control,
+// with the backoff cut to 1ms, shows the storm it prevents.
+func TestStoreOutageOnRedisStreams(t *testing.T) {
+	const outage = 6 * time.Second
+	guarded := acquiresDuringOutage(t, middleware.DefaultMaxStoreBackoff, outage)
+	control := acquiresDuringOutage(t, time.Millisecond, outage)
+	t.Logf("store Acquire calls during a %v store outage on Redis Streams: %d (%.1f/s) with the default MaxStoreBackoff, %d (%.1f/s) with 1ms",
+		outage, guarded, float64(guarded)/outage.Seconds(), control, float64(control)/outage.Seconds())
+	// The first calls (one delivery at a time here), then probes after 10,
+	// 20, 40 ... 1280ms, then every 2s, each ±20%: about 11 in 6s, never
+	// more than 1 + 8 + outage/1.6s, rounded up.
+	if limit := int64(1 + 8 + outage/(1600*time.Millisecond) + 1); guarded > limit {
+		t.Errorf("%d store calls during a %v outage; the backoff allows about %d", guarded, outage, limit)
+	}
+	if control < 10*guarded {
+		t.Errorf("with a 1ms backoff only %d store calls (default: %d); the comparison shows nothing", control, guarded)
 	}
 }
