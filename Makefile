@@ -51,6 +51,10 @@ test: bin/goaws ## Run every test with the race detector (needs Redis and Postgr
 	cd examples && $(GO) test $(TEST_FLAGS) ./...
 	cd contrib/awssqs && $(GO) test $(TEST_FLAGS) ./...
 
+.PHONY: test-stress
+test-stress: bin/goaws ## Run the storm and fault tests 3 times while CPU hogs load every core (HOGS, STRESS_RUNS)
+	GO=$(GO) TEST_FLAGS="$(TEST_FLAGS)" .ci/stress
+
 .PHONY: bench
 bench: bench-core bench-redis bench-postgres ## Run every benchmark and print it against its baselines
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -116,6 +117,36 @@ func TestHappyPathRoundTrips(t *testing.T) {
 	_, err = h(message.NewMessage("m1", nil))
 	require.NoError(t, err)
 	require.EqualValues(t, 3, store.calls.Load())
+}
+
+// The same storm with a slow store: every call reaches Redis 100ms late,
+// as on an overloaded or distant server (STORM_LATENCY overrides it). Each
+// instance's pool of 10 connections then serves only 100 calls a second,
+// while 750 deliveries arrive at each instance at once: new work queues
+// for connections for seconds, past go-redis's pool timeout, as it does in
+// production when the store falls behind. Renewals and completions of
+// running handlers must still get through. docs/reliability.md compares
+// this storm with and without the acquisition bound and the retried
+// completion.
+func TestStormRedisSlowStore(t *testing.T) {
+	latency := 100 * time.Millisecond
+	if v := os.Getenv("STORM_LATENCY"); v != "" {
+		d, err := time.ParseDuration(v)
+		require.NoError(t, err)
+		latency = d
+	}
+	addr := testserver.StartLatencyProxy(t, testserver.RedisClient(t).Options().Addr, latency)
+	prefix := testserver.Unique("storm-slow:")
+	fleet.Storm{
+		Instances: 8, Keys: 2000, Copies: 3,
+		Store: func(t testing.TB, _ int) backends.Store {
+			client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 10})
+			t.Cleanup(func() { _ = client.Close() })
+			s, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
+			require.NoError(t, err)
+			return s
+		},
+	}.Run(t).Check(t)
 }
 
 // heldConn holds back, while keeping its pool connection, every command
