@@ -37,6 +37,28 @@
 //     expired completed record is gone for good; correctness never depends
 //     on a cleanup job having run.
 //   - Keys are opaque byte strings: a store must accept any bytes (quotes,
-//     spaces, unicode, NUL) or reject them with a clear error, and never
-//     splice them into script or query text.
+//     spaces, unicode, NUL), up to [MaxKeyBytes], and never splice them
+//     into script or query text.
+//   - Every store refuses alike, before asking its server, a request
+//     beyond the contract's limits ([MaxKeyBytes], [MaxOwnerBytes],
+//     [MaxDuration]), with an error wrapping [ErrInvalidRequest]
+//     ([AcquireRequest.Validate], [ValidateLease] and [ValidateTTL] do the
+//     checking).
+//
+// # Errors
+//
+// Besides the sentinels, a store wraps the errors of its server that
+// retrying cannot fix (a missing table or permission, a value the server
+// cannot hold) in [ErrRejected], so that callers fail at once instead of
+// retrying until their timeout ([IsPermanent]). Any other error is taken as
+// transient: the middleware retries it with backoff.
+//
+// # Optional capabilities
+//
+// A store may implement more than [Store]; callers discover it by type
+// assertion and do without when it is missing. A store that wraps another
+// should forward them.
+//
+//   - [PoolSizer]: how many calls the store's client can have in flight at
+//     once. The middleware keeps half of them free for lease keeping.
 package backends

@@ -1,6 +1,9 @@
 // Package middleware is a Watermill router middleware that runs a handler at
 // most once to completion per idempotency key, on any broker, without
-// losing messages.
+// losing messages: at most one live holder per key while no process pauses
+// longer than the lease margin (a tenth of [Config.LeaseTTL]), at most one
+// applied effect per key with fencing, and no message acked without its
+// work done.
 //
 //	store, err := redisstore.New(client, redisstore.Options{}) // or memstore.New for one process
 //	if err != nil {
@@ -56,6 +59,17 @@
 // ([LeaseFromContext]) so systems the handler writes to can reject writes
 // from a stale holder.
 //
+// # Under load
+//
+// At most [Config.MaxConcurrentAcquires] Acquire calls are in flight at
+// once (by default half the pool the store reports); renewals, completions
+// and releases never wait for a slot, so the leases of running handlers
+// are kept however many duplicates arrive. A failed completion or release
+// is retried while the lease is kept. While the store fails, acquisitions
+// become probes, one at a time with backoff up to [Config.MaxStoreBackoff],
+// and a delivery that failed on the store pauses before its nack, so
+// brokers that redeliver at once do not hammer it.
+//
 // # Errors
 //
 // Bad input never panics and is never dropped silently: [New] returns an
@@ -64,5 +78,6 @@
 // [IsKeyError]); a payload that differs from the one its key was first seen
 // with gets [ErrFingerprintMismatch] when [Config.Fingerprint] is set. A
 // store that cannot be reached nacks the message ([ErrStore]) unless
-// [Config.FailOpen] is set.
+// [Config.FailOpen] is set; an error the store marks as permanent
+// (backends.ErrRejected) does so at once, without retries.
 package middleware

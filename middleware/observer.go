@@ -16,10 +16,12 @@ const (
 	// OutcomeProcessed: the lease was acquired, the handler succeeded and
 	// the key was completed. The message is acked.
 	OutcomeProcessed Outcome = iota + 1
-	// OutcomeProcessedNotRecorded: the handler succeeded but the store
-	// could not record the completion. The message is still acked (a nack
-	// would run the handler again for certain); a duplicate arriving after
-	// the lease runs out would run it again.
+	// OutcomeProcessedNotRecorded: the last resort. The handler succeeded
+	// but its completion could not be recorded: the store failed until
+	// the lease could no longer be kept, or refused the call for good. The
+	// message is still acked (a nack would run the handler again for
+	// certain); a duplicate arriving after the lease runs out would run it
+	// again. Logged at error level with the key.
 	OutcomeProcessedNotRecorded
 	// OutcomeHandlerFailed: the handler returned an error or panicked; the
 	// lease was released and the message is nacked, so the redelivery runs.
@@ -41,7 +43,8 @@ const (
 	// large to store; the lease was released and the message is nacked.
 	OutcomeOutputTooLarge
 	// OutcomeStoreError: the store failed before the handler ran; the
-	// message is nacked (fail closed).
+	// message is nacked (fail closed), after a pause of half to all of
+	// Config.MaxStoreBackoff.
 	OutcomeStoreError
 	// OutcomeUnprotected: the handler ran without a lease, because of
 	// Config.FailOpen or KeyErrorProcess. Err says why.
