@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -464,13 +465,31 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		"negative max output":   {Store: store, MaxOutputBytes: -1},
 		"unknown key policy":    {Store: store, OnKeyError: 7},
 		"unknown mismatch pol.": {Store: store, OnFingerprintMismatch: 7},
+		"typed-nil store":       {Store: (*memstore.Store)(nil)},
+		"lease near overflow":   {Store: store, LeaseTTL: math.MaxInt64},
+		"retention over max":    {Store: store, Retention: backends.MaxDuration + 1},
+		"wait over max":         {Store: store, InProgressWait: math.MaxInt64},
+		"timeout over max":      {Store: store, StoreTimeout: math.MaxInt64},
+		"key over store limit":  {Store: store, MaxKeyBytes: backends.MaxKeyBytes + 1},
+		"negative acquires":     {Store: store, MaxConcurrentAcquires: -1},
+		"negative backoff":      {Store: store, MaxStoreBackoff: -1},
 	}
 	for name, cfg := range tests {
 		m, err := middleware.New(cfg)
 		require.ErrorIs(t, err, middleware.ErrInvalidConfig, name)
 		require.Nil(t, m, name)
 	}
-	_, err := middleware.New(middleware.Config{LeaseTTL: -1, Retention: -1})
+	_, err := middleware.New(middleware.Config{Store: (*memstore.Store)(nil)})
+	require.ErrorContains(t, err, "Store is a nil *memstore.Store")
+	_, err = middleware.New(middleware.Config{Store: store, Retention: math.MaxInt64})
+	require.ErrorContains(t, err, "Retention must be at most 876000h0m0s")
+
+	// The largest values allowed work.
+	_, err = middleware.New(middleware.Config{Store: store, LeaseTTL: backends.MaxDuration, Retention: backends.MaxDuration,
+		MaxKeyBytes: backends.MaxKeyBytes})
+	require.NoError(t, err)
+
+	_, err = middleware.New(middleware.Config{LeaseTTL: -1, Retention: -1})
 	require.ErrorContains(t, err, "Store is required")
 	require.ErrorContains(t, err, "LeaseTTL")
 	require.ErrorContains(t, err, "Retention", "every invalid field is listed")
