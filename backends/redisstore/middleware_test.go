@@ -66,7 +66,12 @@ func TestRedisUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 // recorded (fleet.Report.Check). make test-stress runs it with every core
 // loaded by CPU hogs; docs/reliability.md has the figures.
 func TestStormRedis(t *testing.T) {
-	addr := testserver.RedisClient(t).Options().Addr
+	redisStorm(t, testserver.RedisClient(t).Options().Addr)
+}
+
+// redisStorm runs the storm on the Redis at addr, each instance with its
+// own client and a pool of 10 connections, and checks its report.
+func redisStorm(t *testing.T, addr string) {
 	prefix := testserver.Unique("storm:")
 	fleet.Storm{
 		Instances: 8, Keys: 2000, Copies: 3,
@@ -135,18 +140,7 @@ func TestStormRedisSlowStore(t *testing.T) {
 		require.NoError(t, err)
 		latency = d
 	}
-	addr := testserver.StartLatencyProxy(t, testserver.RedisClient(t).Options().Addr, latency)
-	prefix := testserver.Unique("storm-slow:")
-	fleet.Storm{
-		Instances: 8, Keys: 2000, Copies: 3,
-		Store: func(t testing.TB, _ int) backends.Store {
-			client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 10})
-			t.Cleanup(func() { _ = client.Close() })
-			s, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
-			require.NoError(t, err)
-			return s
-		},
-	}.Run(t).Check(t)
+	redisStorm(t, testserver.StartLatencyProxy(t, testserver.RedisClient(t).Options().Addr, latency))
 }
 
 // heldConn holds back, while keeping its pool connection, every command

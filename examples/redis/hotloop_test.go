@@ -30,6 +30,39 @@ func (c *countingStore) Acquire(ctx context.Context, req backends.AcquireRequest
 	return c.Store.Acquire(ctx, req)
 }
 
+// streamRouter runs a router that consumes stream on Redis Streams through
+// idem, with the subscriber's default NackResendSleep (none: a nacked
+// entry is resent at once), and returns a function that publishes a
+// payload to the stream. Everything stops when the test ends.
+func streamRouter(t *testing.T, client *redis.Client, stream string, idem *middleware.Idempotency, h message.NoPublishHandlerFunc) func(payload string) {
+	t.Helper()
+	t.Cleanup(func() { client.Del(context.Background(), stream) })
+	logger := watermill.NopLogger{}
+	sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
+		Client: client, Consumer: "c", ConsumerGroup: stream + "-g", OldestId: "0", BlockTime: 50 * time.Millisecond,
+	}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	router.AddConsumerHandler("charge", stream, sub, h).AddMiddleware(idem.Middleware)
+	go func() { _ = router.Run(context.Background()) }()
+	<-router.Running()
+	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close(); _ = router.Close() })
+	return func(payload string) {
+		if err := pub.Publish(stream, message.NewMessage(watermill.NewUUID(), []byte(payload))); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // acquiresWhileHeld delivers one message through Redis Streams (whose nack
 // resends at once: NackResendSleep is left at its default, none) while
 // another worker holds its key for hold, and returns how many Acquire
@@ -39,7 +72,6 @@ func acquiresWhileHeld(t *testing.T, wait time.Duration, hold time.Duration) int
 	client := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR", "127.0.0.1:6379"), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	prefix := fmt.Sprintf("hotloop-%d:", time.Now().UnixNano())
-	t.Cleanup(func() { client.Del(context.Background(), prefix+"orders") })
 	inner, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
@@ -49,13 +81,6 @@ func acquiresWhileHeld(t *testing.T, wait time.Duration, hold time.Duration) int
 		t.Fatal(err)
 	}
 
-	logger := watermill.NopLogger{}
-	sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
-		Client: client, Consumer: "c", ConsumerGroup: prefix + "g", OldestId: "0", BlockTime: 50 * time.Millisecond,
-	}, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
 	idem, err := middleware.New(middleware.Config{
 		Store: store, Namespace: "charge", Key: keyfunc.JSONField("order_id"),
 		LeaseTTL: time.Minute, InProgressWait: wait,
@@ -63,23 +88,8 @@ func acquiresWhileHeld(t *testing.T, wait time.Duration, hold time.Duration) int
 	if err != nil {
 		t.Fatal(err)
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	router.AddConsumerHandler("charge", prefix+"orders", sub, func(*message.Message) error { return nil }).AddMiddleware(idem.Middleware)
-	go func() { _ = router.Run(ctx) }()
-	<-router.Running()
-	defer router.Close()
-
-	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client}, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	if err := pub.Publish(prefix+"orders", message.NewMessage(watermill.NewUUID(), []byte(`{"order_id":"o-1"}`))); err != nil {
-		t.Fatal(err)
-	}
+	publish := streamRouter(t, client, prefix+"orders", idem, func(*message.Message) error { return nil })
+	publish(`{"order_id":"o-1"}`)
 	time.Sleep(hold)
 	return store.acquires.Load()
 }
@@ -107,7 +117,6 @@ func TestBoundedWaitPreventsHotLoopOnRedisStreams(t *testing.T) {
 // processed.
 func acquiresDuringOutage(t *testing.T, maxBackoff, outage time.Duration) int64 {
 	const messages = 5
-	ctx := context.Background()
 	storeServer := testserver.StartRedis(t)
 	// The worst case: a client that fails at once, without go-redis's own
 	// dial retries (5 by default, 100ms apart) slowing each failed call.
@@ -121,39 +130,16 @@ func acquiresDuringOutage(t *testing.T, maxBackoff, outage time.Duration) int64 
 
 	client := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR", "127.0.0.1:6379")})
 	t.Cleanup(func() { _ = client.Close() })
-	stream := fmt.Sprintf("outage-%d", time.Now().UnixNano())
-	t.Cleanup(func() { client.Del(context.Background(), stream) })
-	logger := watermill.NopLogger{}
-	sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
-		Client: client, Consumer: "c", ConsumerGroup: stream + "-g", OldestId: "0", BlockTime: 50 * time.Millisecond,
-	}, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
 	idem, err := middleware.New(middleware.Config{Store: store, Namespace: "charge", Key: keyfunc.JSONField("order_id"), MaxStoreBackoff: maxBackoff})
 	if err != nil {
 		t.Fatal(err)
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var processed atomic.Int32
-	router.AddConsumerHandler("charge", stream, sub, func(*message.Message) error { processed.Add(1); return nil }).AddMiddleware(idem.Middleware)
-
 	storeServer.Stop()
-	go func() { _ = router.Run(ctx) }()
-	<-router.Running()
-	defer router.Close()
-	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client}, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
+	var processed atomic.Int32
+	publish := streamRouter(t, client, fmt.Sprintf("outage-%d", time.Now().UnixNano()), idem,
+		func(*message.Message) error { processed.Add(1); return nil })
 	for i := range messages {
-		if err := pub.Publish(stream, message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"order_id":"o-%d"}`, i))); err != nil {
-			t.Fatal(err)
-		}
+		publish(fmt.Sprintf(`{"order_id":"o-%d"}`, i))
 	}
 	time.Sleep(outage)
 	calls := store.acquires.Load()
