@@ -309,7 +309,7 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 		return m.finish(d, OutcomeOutputTooLarge, nil, fmt.Errorf("%w: %d messages encode to %d bytes, the limit is %d",
 			ErrOutputTooLarge, len(out), len(encoded), m.cfg.MaxOutputBytes))
 	}
-	cerr, attempts := m.settle(d, k, func(ctx context.Context) error {
+	attempts, cerr := m.settle(d, k, func(ctx context.Context) error {
 		return m.cfg.Store.Complete(ctx, lease, m.cfg.Retention, encoded)
 	})
 	lost := k.stop()
@@ -342,8 +342,8 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 // StoreTimeout if longer) in all. Each attempt is bounded by StoreTimeout.
 // The keeper keeps renewing meanwhile, so a slow or briefly unreachable
 // store delays the settlement instead of letting the lease run out under
-// finished work. It returns op's last error and the number of attempts.
-func (m *Idempotency) settle(d *delivery, k *keeper, op func(ctx context.Context) error) (err error, attempts int) {
+// finished work. It returns the number of attempts and op's last error.
+func (m *Idempotency) settle(d *delivery, k *keeper, op func(ctx context.Context) error) (attempts int, err error) {
 	limit := time.Now().Add(max(m.cfg.LeaseTTL, m.cfg.StoreTimeout))
 	wait := backoffBase
 	for {
@@ -352,11 +352,11 @@ func (m *Idempotency) settle(d *delivery, k *keeper, op func(ctx context.Context
 		ctx.stop()
 		attempts++
 		if !retryable(err) || errors.Is(err, backends.ErrLeaseLost) {
-			return err, attempts
+			return attempts, err
 		}
 		pause := jitter(wait)
 		if time.Until(limit) < pause {
-			return err, attempts
+			return attempts, err
 		}
 		var lostCh <-chan struct{} // nil, never ready, without a keeper
 		if k != nil {
@@ -366,7 +366,7 @@ func (m *Idempotency) settle(d *delivery, k *keeper, op func(ctx context.Context
 		select {
 		case <-lostCh:
 			t.Stop()
-			return err, attempts
+			return attempts, err
 		case <-t.C:
 		}
 		wait = min(wait*2, m.cfg.MaxStoreBackoff, max(m.cfg.LeaseTTL/10, backoffBase))
@@ -410,7 +410,7 @@ func (m *Idempotency) runUnprotected(d *delivery, h message.HandlerFunc) ([]*mes
 // still fails, the failure is logged: the lease then runs out by itself
 // within LeaseTTL.
 func (m *Idempotency) release(d *delivery, k *keeper, lease backends.Lease) {
-	err, _ := m.settle(d, k, func(ctx context.Context) error { return m.cfg.Store.Release(ctx, lease) })
+	_, err := m.settle(d, k, func(ctx context.Context) error { return m.cfg.Store.Release(ctx, lease) })
 	if k != nil {
 		k.stop()
 	}
