@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/watermill-idempotency/idempotency/backends"
@@ -32,9 +33,14 @@ type guard struct {
 	slots      chan struct{}
 	maxBackoff time.Duration
 
+	// failing mirrors failures > 0 and round mirrors the round, both
+	// written under mu, so that calls while the store is healthy take no
+	// lock.
+	failing atomic.Bool
+	round   atomic.Uint64 // bumped whenever failures changes
+
 	mu       sync.Mutex
 	failures int           // consecutive rounds of failed calls
-	round    uint64        // bumped whenever failures changes
 	next     time.Time     // while failing, when the next probe may go out
 	probing  bool          // a probe is in flight
 	wake     chan struct{} // closed (and replaced) when a probe ends
@@ -79,18 +85,21 @@ var errBackingOff = errors.New("backing off after store failures")
 // the last store error, at once when the wait is known to be too long.
 // Pass the ticket to record.
 func (g *guard) admit(ctx context.Context) (ticket, error) {
+	if !g.failing.Load() {
+		return ticket{round: g.round.Load()}, nil
+	}
 	dl, hasDL := ctx.Deadline()
 	for {
 		g.mu.Lock()
 		if g.failures == 0 {
-			t := ticket{round: g.round}
+			t := ticket{round: g.round.Load()}
 			g.mu.Unlock()
 			return t, nil
 		}
 		now := time.Now()
 		if !g.probing && !now.Before(g.next) {
 			g.probing = true
-			t := ticket{round: g.round, probe: true}
+			t := ticket{round: g.round.Load(), probe: true}
 			g.mu.Unlock()
 			return t, nil
 		}
@@ -132,24 +141,30 @@ func (g *guard) backingOffLocked() error {
 // permanent ones included, so that a store that refuses every call (a
 // missing table) is not hammered either.
 func (g *guard) record(t ticket, err error) {
+	if err == nil && !t.probe && !g.failing.Load() {
+		return // healthy, and still so
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	round := g.round.Load()
 	switch {
 	case err == nil:
 		if g.failures > 0 {
 			g.failures, g.next, g.lastErr = 0, time.Time{}, nil
-			g.round++
+			g.failing.Store(false)
+			g.round.Add(1)
 		}
-	case t.round == g.round:
+	case t.round == round:
 		g.failures++
-		g.round++
+		g.failing.Store(true)
+		g.round.Add(1)
 		g.lastErr = err
 		g.next = time.Now().Add(jitter(g.backoffLocked()))
 	}
 	if t.probe {
 		g.probing = false
 	}
-	if t.probe || err == nil && t.round != g.round {
+	if t.probe || err == nil && round != g.round.Load() {
 		close(g.wake)
 		g.wake = make(chan struct{})
 	}

@@ -36,7 +36,7 @@ type keeper struct {
 	deadline    time.Time
 	stopped     bool
 	lost        error
-	lostCh      chan struct{}      // closed when lost is set
+	lostCh      chan struct{}      // closed when lost is set; made by done, if ever
 	renewCancel context.CancelFunc // of the renewal under way, if any
 	running     sync.WaitGroup
 }
@@ -53,7 +53,6 @@ func startKeeper(base context.Context, store backends.Store, lease backends.Leas
 		cancel:   cancel,
 		base:     base,
 		deadline: sentAt.Add(ttl),
-		lostCh:   make(chan struct{}),
 	}
 	k.mu.Lock()
 	k.timer = time.AfterFunc(ttl/3, k.tick)
@@ -104,12 +103,25 @@ func (k *keeper) tick() {
 // lose records the loss and cancels the handler. The caller holds k.mu.
 func (k *keeper) lose(err error) {
 	k.lost = err
-	close(k.lostCh)
+	if k.lostCh != nil {
+		close(k.lostCh)
+	}
 	k.cancel(err)
 }
 
-// done is closed when the lease is lost.
-func (k *keeper) done() <-chan struct{} { return k.lostCh }
+// done is closed when the lease is lost. The channel is made on first use:
+// most deliveries never need it.
+func (k *keeper) done() <-chan struct{} {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.lostCh == nil {
+		if k.lost != nil {
+			return closedChan
+		}
+		k.lostCh = make(chan struct{})
+	}
+	return k.lostCh
+}
 
 // err returns the error the lease was lost with, or nil while it holds.
 func (k *keeper) err() error {

@@ -209,11 +209,17 @@ func (m *Idempotency) acquire(d *delivery) (backends.AcquireResult, time.Time, e
 	}
 }
 
-// acquireOnce makes one Acquire call admitted by the guard, and records its
-// result even if the store panics.
+// acquireOnce makes one Acquire call admitted by the guard and records its
+// result; a probe's result even if the store panics, or no probe would
+// ever be sent again.
 func (m *Idempotency) acquireOnce(ctx context.Context, t ticket, req backends.AcquireRequest) (res backends.AcquireResult, err error) {
-	defer func() { m.guard.record(t, err) }()
-	return m.cfg.Store.Acquire(ctx, req)
+	if t.probe {
+		defer func() { m.guard.record(t, err) }()
+		return m.cfg.Store.Acquire(ctx, req)
+	}
+	res, err = m.cfg.Store.Acquire(ctx, req)
+	m.guard.record(t, err)
+	return res, err
 }
 
 // waitForHolder polls the store, with backoff, until the holder of the key
