@@ -63,8 +63,8 @@ func IsPermanent(err error) bool {
 type Store interface {
 	// Acquire takes the processing lease on req.Key for req.Owner, or
 	// reports why it cannot: the key is held by someone else
-	// ([OutcomeInProgress]) or its work is already done ([OutcomeCompleted]).
-	// It returns [ErrInvalidRequest] for a malformed request.
+	// ([InProgress]) or its work is already done ([Completed]). It returns
+	// [ErrInvalidRequest] for a malformed request.
 	Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error)
 
 	// Renew extends the lease to ttl from now (the store's now). It returns
@@ -72,10 +72,12 @@ type Store interface {
 	// fencing token.
 	Renew(ctx context.Context, lease Lease, ttl time.Duration) error
 
-	// Complete marks the lease's key completed, keeps the record for
-	// retention, and stores output (which may be nil) with it. It returns
-	// [ErrLeaseLost] if the lease is no longer held.
-	Complete(ctx context.Context, lease Lease, retention time.Duration, output []byte) error
+	// Complete marks the lease's key completed and stores output (which
+	// may be nil, and is encoded with [EncodeOutput] by the middleware)
+	// with it. The record is kept for the retention given at Acquire,
+	// counted from now. It returns [ErrLeaseLost] if the lease is no
+	// longer held.
+	Complete(ctx context.Context, lease Lease, output []byte) error
 
 	// Release gives the lease up so that the next Acquire takes the key at
 	// once. The record, and so its fencing token, is kept for the retention
@@ -114,9 +116,11 @@ type AcquireRequest struct {
 	// LeaseTTL is how long the lease lasts unless renewed: positive and at
 	// most [MaxDuration].
 	LeaseTTL time.Duration
-	// Retention is how long the record outlives its lease when the lease
-	// is released or runs out, so that the fencing token keeps counting up
-	// and an operator can inspect it: zero to [MaxDuration].
+	// Retention is how long the record is kept once it is completed, and
+	// how long it outlives its lease when the lease is released or runs
+	// out (so that the fencing token keeps counting up and an operator can
+	// inspect it): zero to [MaxDuration]. The store keeps it with the
+	// record; Complete and Release use it.
 	Retention time.Duration
 	// Fingerprint optionally identifies the payload. The store keeps the
 	// first fingerprint it is given for a record and returns it in every
@@ -130,15 +134,17 @@ func (r AcquireRequest) Validate() error {
 	if err := validateKeyOwner(r.Key, r.Owner); err != nil {
 		return err
 	}
-	if err := ValidateTTL("lease TTL", r.LeaseTTL, false); err != nil {
+	if err := ValidateLeaseTTL(r.LeaseTTL); err != nil {
 		return err
 	}
-	return ValidateTTL("retention", r.Retention, true)
+	return ValidateRetention(r.Retention)
 }
 
-// ValidateLease reports whether a lease can be sent to a store, wrapping
-// [ErrInvalidRequest] if not.
-func ValidateLease(l Lease) error { return validateKeyOwner(l.Key, l.Owner) }
+// Validate reports whether the lease can be sent to a store (its key and
+// owner within the contract's limits), wrapping [ErrInvalidRequest] if
+// not. Stores call it in Renew, Complete and Release before they touch
+// the server.
+func (l Lease) Validate() error { return validateKeyOwner(l.Key, l.Owner) }
 
 func validateKeyOwner(key, owner string) error {
 	switch {
@@ -156,40 +162,47 @@ func validateKeyOwner(key, owner string) error {
 	return nil
 }
 
-// ValidateTTL reports whether a duration passed to Renew (a TTL, which must
-// be positive) or Complete (a retention, which may be zero when allowZero)
-// is within range, at most [MaxDuration], wrapping [ErrInvalidRequest] if
-// not. name is used in the message.
-func ValidateTTL(name string, d time.Duration, allowZero bool) error {
-	if d < 0 || (d == 0 && !allowZero) || d > MaxDuration {
-		return fmt.Errorf("%w: %s out of range (0 to %v): %v", ErrInvalidRequest, name, MaxDuration, d)
+// ValidateLeaseTTL reports whether a lease TTL (for Acquire or Renew) is
+// positive and at most [MaxDuration], wrapping [ErrInvalidRequest] if not.
+func ValidateLeaseTTL(d time.Duration) error {
+	if d <= 0 || d > MaxDuration {
+		return fmt.Errorf("%w: lease TTL out of range (above 0, at most %v): %v", ErrInvalidRequest, MaxDuration, d)
 	}
 	return nil
 }
 
-// Outcome is what Acquire decided.
-type Outcome int
+// ValidateRetention reports whether a retention is zero to [MaxDuration],
+// wrapping [ErrInvalidRequest] if not.
+func ValidateRetention(d time.Duration) error {
+	if d < 0 || d > MaxDuration {
+		return fmt.Errorf("%w: retention out of range (0 to %v): %v", ErrInvalidRequest, MaxDuration, d)
+	}
+	return nil
+}
+
+// Status is what Acquire decided.
+type Status int
 
 const (
-	// OutcomeAcquired: the caller holds the lease and should do the work.
-	OutcomeAcquired Outcome = iota + 1
-	// OutcomeInProgress: another owner holds a live lease.
-	OutcomeInProgress
-	// OutcomeCompleted: the work is done; the result carries its output.
-	OutcomeCompleted
+	// Acquired: the caller holds the lease and should do the work.
+	Acquired Status = iota + 1
+	// InProgress: another owner holds a live lease.
+	InProgress
+	// Completed: the work is done; the result carries its output.
+	Completed
 )
 
-// String returns the outcome's name.
-func (o Outcome) String() string {
-	switch o {
-	case OutcomeAcquired:
+// String returns the status's name.
+func (s Status) String() string {
+	switch s {
+	case Acquired:
 		return "acquired"
-	case OutcomeInProgress:
+	case InProgress:
 		return "in_progress"
-	case OutcomeCompleted:
+	case Completed:
 		return "completed"
 	}
-	return fmt.Sprintf("Outcome(%d)", int(o))
+	return fmt.Sprintf("Status(%d)", int(s))
 }
 
 // Lease is a held processing lease. It is a value: keep it and pass it back
@@ -208,23 +221,25 @@ type Lease struct {
 	// another owner (the previous holder stopped renewing).
 	Takeover bool
 	// Reentrant is true when the owner already held this lease and got it
-	// back (a retried Acquire after an ambiguous failure).
+	// back (a retried Acquire after an ambiguous failure). The conformance
+	// suite checks that stores report it; for callers it is informational.
 	Reentrant bool
 }
 
 // AcquireResult is the answer to [Store.Acquire]. Which fields are set
-// depends on Outcome.
+// depends on Status.
 type AcquireResult struct {
-	Outcome Outcome
-	// Lease is set for OutcomeAcquired.
+	Status Status
+	// Lease is set for Acquired.
 	Lease Lease
 	// Remaining is the time left on the holder's lease, by the store's
-	// clock, for OutcomeInProgress.
+	// clock, for InProgress.
 	Remaining time.Duration
 	// CompletedAt is when the work was completed, by the store's clock, for
-	// OutcomeCompleted.
+	// Completed.
 	CompletedAt time.Time
-	// Output is the output stored by Complete, for OutcomeCompleted.
+	// Output is the output stored by Complete, for Completed
+	// ([DecodeOutput] reads it).
 	Output []byte
 	// Fingerprint is the fingerprint the record was first acquired with,
 	// for every outcome (nil if none was given).
@@ -278,7 +293,11 @@ type Record struct {
 	// CompletedAt is set for StateCompleted.
 	CompletedAt time.Time
 	// ExpiresAt is when the record itself will be forgotten.
-	ExpiresAt   time.Time
+	ExpiresAt time.Time
+	// Fingerprint is the payload fingerprint the record was first acquired
+	// with, if any.
 	Fingerprint []byte
-	Output      []byte
+	// Output is the output stored with the completion, if any
+	// ([DecodeOutput] reads it).
+	Output []byte
 }

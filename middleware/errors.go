@@ -30,9 +30,6 @@ var (
 	// ErrOutputTooLarge: the handler's produced messages do not fit in
 	// Config.MaxOutputBytes. The lease was released.
 	ErrOutputTooLarge = errors.New("idempotency: output too large")
-	// ErrCorruptOutput: a completed key's stored output could not be
-	// decoded, so it cannot be replayed.
-	ErrCorruptOutput = errors.New("idempotency: corrupt stored output")
 )
 
 // KeyError is returned for a message without a usable idempotency key. It

@@ -103,7 +103,7 @@ func (f *faultStore) Renew(ctx context.Context, l backends.Lease, ttl time.Durat
 	return f.Store.Renew(ctx, l, ttl)
 }
 
-func (f *faultStore) Complete(ctx context.Context, l backends.Lease, retention time.Duration, out []byte) error {
+func (f *faultStore) Complete(ctx context.Context, l backends.Lease, out []byte) error {
 	f.completes.Add(1)
 	f.mu.Lock()
 	err := f.completeErr
@@ -114,12 +114,12 @@ func (f *faultStore) Complete(ctx context.Context, l backends.Lease, retention t
 	case f.take(&f.completeFails):
 		return errors.New("connection reset (not applied)")
 	case f.take(&f.completeLost):
-		if err := f.Store.Complete(ctx, l, retention, out); err != nil {
+		if err := f.Store.Complete(ctx, l, out); err != nil {
 			return err
 		}
 		return errors.New("i/o timeout (the store applied the call)")
 	}
-	return f.Store.Complete(ctx, l, retention, out)
+	return f.Store.Complete(ctx, l, out)
 }
 
 func (f *faultStore) Release(ctx context.Context, l backends.Lease) error {

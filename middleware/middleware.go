@@ -115,7 +115,7 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 		}
 		return m.storeError(d, err)
 	}
-	if res.Outcome == backends.OutcomeInProgress && !m.mismatch(d, res) {
+	if res.Status == backends.InProgress && !m.mismatch(d, res) {
 		res, sentAt, err = m.waitForHolder(d, res)
 		if err != nil && d.msg.Context().Err() != nil {
 			// The delivery was cancelled (the router is closing) while the
@@ -127,17 +127,17 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 		}
 	}
 	if m.mismatch(d, res) && m.cfg.OnFingerprintMismatch == MismatchReject {
-		if res.Outcome == backends.OutcomeAcquired {
+		if res.Status == backends.Acquired {
 			m.release(d, nil, res.Lease)
 		}
 		return m.finish(d, OutcomeFingerprintMismatch, nil, fmt.Errorf("%w: key %q", ErrFingerprintMismatch, key))
 	}
 
-	switch res.Outcome {
-	case backends.OutcomeAcquired:
+	switch res.Status {
+	case backends.Acquired:
 		return m.run(d, h, res.Lease, sentAt)
-	case backends.OutcomeCompleted:
-		out, err := decodeOutput(res.Output)
+	case backends.Completed:
+		out, err := backends.DecodeOutput(res.Output)
 		if err != nil {
 			return m.storeError(d, fmt.Errorf("key %q: %w", key, err))
 		}
@@ -235,7 +235,7 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 	interval := m.cfg.PollInterval
 	var sentAt time.Time
 	defer func() { d.ev.Waited = time.Since(start) }()
-	for res.Outcome == backends.OutcomeInProgress {
+	for res.Status == backends.InProgress {
 		left := time.Until(deadline)
 		if left <= 0 {
 			break
@@ -309,14 +309,14 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 		m.release(d, k, lease)
 		return m.finish(d, OutcomeHandlerFailed, nil, err)
 	}
-	encoded := encodeOutput(out)
+	encoded := backends.EncodeOutput(out)
 	if len(encoded) > m.cfg.MaxOutputBytes {
 		m.release(d, k, lease)
 		return m.finish(d, OutcomeOutputTooLarge, nil, fmt.Errorf("%w: %d messages encode to %d bytes, the limit is %d",
 			ErrOutputTooLarge, len(out), len(encoded), m.cfg.MaxOutputBytes))
 	}
 	attempts, cerr := m.settle(d, k, func(ctx context.Context) error {
-		return m.cfg.Store.Complete(ctx, lease, m.cfg.Retention, encoded)
+		return m.cfg.Store.Complete(ctx, lease, encoded)
 	})
 	lost := k.stop()
 	switch {

@@ -428,10 +428,10 @@ func TestCorruptStoredOutputIsAnError(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	res, err := store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
 	require.NoError(t, err)
-	require.NoError(t, store.Complete(context.Background(), res.Lease, time.Minute, []byte{9, 9, 9}))
+	require.NoError(t, store.Complete(context.Background(), res.Lease, []byte{9, 9, 9}))
 	m, _ := newMiddleware(t, store, nil)
 	_, err = m.Middleware(ok)(newMsg("k", "x"))
-	require.ErrorIs(t, err, middleware.ErrCorruptOutput)
+	require.ErrorIs(t, err, backends.ErrCorruptOutput)
 }
 
 func TestMessageContextCancelledWhileWaiting(t *testing.T) {
@@ -516,7 +516,7 @@ func TestHandlerCompletedKeyIsNotALostLease(t *testing.T) {
 	})
 	out, err := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		lease, _ := middleware.LeaseFromContext(msg.Context())
-		require.NoError(t, store.Complete(context.Background(), lease, time.Hour, nil))
+		require.NoError(t, store.Complete(context.Background(), lease, nil))
 		<-msg.Context().Done() // the next renewal finds the key completed
 		require.ErrorIs(t, context.Cause(msg.Context()), middleware.ErrLeaseLost)
 		return []*message.Message{newMsg("out", "x")}, nil

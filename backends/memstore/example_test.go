@@ -16,15 +16,15 @@ func Example() {
 	req := backends.AcquireRequest{Key: "orders:o-1", Owner: "worker-a", LeaseTTL: 30 * time.Second, Retention: time.Hour}
 
 	res, _ := store.Acquire(ctx, req)
-	fmt.Println(res.Outcome, "token", res.Lease.Token)
+	fmt.Println(res.Status, "token", res.Lease.Token)
 
 	req.Owner = "worker-b"
 	dup, _ := store.Acquire(ctx, req)
-	fmt.Println(dup.Outcome)
+	fmt.Println(dup.Status)
 
-	_ = store.Complete(ctx, res.Lease, time.Hour, []byte("receipt-17"))
+	_ = store.Complete(ctx, res.Lease, []byte("receipt-17"))
 	done, _ := store.Acquire(ctx, req)
-	fmt.Println(done.Outcome, string(done.Output))
+	fmt.Println(done.Status, string(done.Output))
 	// Output:
 	// acquired token 1
 	// in_progress
@@ -40,6 +40,6 @@ func ExampleOptions_now() {
 	first, _ := store.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "crashed", LeaseTTL: time.Second, Retention: time.Hour})
 	now = now.Add(2 * time.Second) // the holder stopped renewing
 	next, _ := store.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "next", LeaseTTL: time.Second, Retention: time.Hour})
-	fmt.Println(next.Outcome, "takeover:", next.Lease.Takeover, "token", first.Lease.Token, "->", next.Lease.Token)
+	fmt.Println(next.Status, "takeover:", next.Lease.Takeover, "token", first.Lease.Token, "->", next.Lease.Token)
 	// Output: acquired takeover: true token 1 -> 2
 }

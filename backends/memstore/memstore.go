@@ -130,14 +130,14 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	var reentrant, takeover bool
 	switch {
 	case r.state == stateCompleted:
-		res.Outcome = backends.OutcomeCompleted
+		res.Status = backends.Completed
 		res.CompletedAt = r.completedAt
 		res.Output = bytes.Clone(r.output)
 		return res, nil
 	case r.state == stateInProgress && r.owner == req.Owner:
 		reentrant = true
 	case r.state == stateInProgress && now.Before(r.leaseExpires):
-		res.Outcome = backends.OutcomeInProgress
+		res.Status = backends.InProgress
 		res.Remaining = r.leaseExpires.Sub(now)
 		return res, nil
 	case r.state == stateInProgress:
@@ -153,7 +153,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	r.leaseExpires = now.Add(req.LeaseTTL)
 	r.forgetAt = r.leaseExpires.Add(r.retention)
 
-	res.Outcome = backends.OutcomeAcquired
+	res.Status = backends.Acquired
 	res.Lease = backends.Lease{
 		Key:       req.Key,
 		Owner:     r.owner,
@@ -167,9 +167,9 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 
 // update runs fn on the lease's record if the lease still holds it, under
 // the store's lock; otherwise it returns ErrLeaseLost. durErr is the
-// caller's validation of its duration argument.
+// caller's validation of its duration argument, if it has one.
 func (s *Store) update(ctx context.Context, l backends.Lease, durErr error, fn func(r *record, now time.Time)) error {
-	if err := backends.ValidateLease(l); err != nil {
+	if err := l.Validate(); err != nil {
 		return err
 	}
 	if durErr != nil {
@@ -191,18 +191,18 @@ func (s *Store) update(ctx context.Context, l backends.Lease, durErr error, fn f
 
 // Renew implements [backends.Store].
 func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
-	return s.update(ctx, lease, backends.ValidateTTL("lease TTL", ttl, false), func(r *record, now time.Time) {
+	return s.update(ctx, lease, backends.ValidateLeaseTTL(ttl), func(r *record, now time.Time) {
 		r.leaseExpires = now.Add(ttl)
 		r.forgetAt = r.leaseExpires.Add(r.retention)
 	})
 }
 
 // Complete implements [backends.Store].
-func (s *Store) Complete(ctx context.Context, lease backends.Lease, retention time.Duration, output []byte) error {
-	return s.update(ctx, lease, backends.ValidateTTL("retention", retention, true), func(r *record, now time.Time) {
+func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
+	return s.update(ctx, lease, nil, func(r *record, now time.Time) {
 		r.state = stateCompleted
 		r.completedAt = now
-		r.forgetAt = now.Add(retention)
+		r.forgetAt = now.Add(r.retention)
 		r.output = bytes.Clone(output)
 	})
 }

@@ -59,7 +59,7 @@ func TestPruneRemovesExpiredRecords(t *testing.T) {
 	for _, k := range []string{"a", "b", "c"} {
 		res, err := s.Acquire(ctx, backends.AcquireRequest{Key: k, Owner: "o", LeaseTTL: time.Second, Retention: time.Second})
 		require.NoError(t, err)
-		require.NoError(t, s.Complete(ctx, res.Lease, time.Second, nil))
+		require.NoError(t, s.Complete(ctx, res.Lease, nil))
 	}
 	require.Equal(t, 3, s.Len())
 

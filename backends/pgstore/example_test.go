@@ -2,7 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -48,7 +47,7 @@ func ExampleStore_CompleteTx() {
 		}
 		// Complete the key in the same transaction, with the output to
 		// replay if publishing it fails.
-		if err := store.CompleteTx(ctx, tx, lease, 24*time.Hour, middleware.EncodeOutput(out)); err != nil {
+		if err := store.CompleteTx(ctx, tx, lease, out); err != nil {
 			return nil, err
 		}
 		return out, tx.Commit(ctx)

@@ -67,7 +67,7 @@ func TestBackendTerminatedMidAcquire(t *testing.T) {
 	require.NoError(t, locker.Rollback(ctx))
 
 	res := acquire(t, onPool, "k", "next")
-	require.Equal(t, backends.OutcomeAcquired, res.Outcome, "the victim's acquire wrote nothing")
+	require.Equal(t, backends.Acquired, res.Status, "the victim's acquire wrote nothing")
 	require.Equal(t, 2, res.Lease.Attempt)
 }
 
@@ -86,10 +86,10 @@ func TestServerRestartKeepsCommittedState(t *testing.T) {
 	require.NoError(t, unlogged.Migrate(ctx))
 
 	done := acquire(t, logged, "done", "a")
-	require.NoError(t, logged.Complete(ctx, done.Lease, time.Hour, []byte("out")))
+	require.NoError(t, logged.Complete(ctx, done.Lease, []byte("out")))
 	held := acquire(t, logged, "held", "b")
 	u := acquire(t, unlogged, "done", "c")
-	require.NoError(t, unlogged.Complete(ctx, u.Lease, time.Hour, nil))
+	require.NoError(t, unlogged.Complete(ctx, u.Lease, nil))
 
 	reopen := func() (*pgstore.Store, *pgstore.Store) {
 		pool := pg.Pool(t)
@@ -103,16 +103,16 @@ func TestServerRestartKeepsCommittedState(t *testing.T) {
 	pg.Restart()
 	l, un := reopen()
 	res := acquire(t, l, "done", "x")
-	require.Equal(t, backends.OutcomeCompleted, res.Outcome, "the completion survived a restart")
+	require.Equal(t, backends.Completed, res.Status, "the completion survived a restart")
 	require.Equal(t, []byte("out"), res.Output)
-	require.Equal(t, backends.OutcomeInProgress, acquire(t, l, "held", "x").Outcome, "the lease survived a restart")
+	require.Equal(t, backends.InProgress, acquire(t, l, "held", "x").Status, "the lease survived a restart")
 	require.NoError(t, l.Renew(ctx, held.Lease, time.Minute), "and its holder can renew it")
-	require.Equal(t, backends.OutcomeCompleted, acquire(t, un, "done", "x").Outcome, "a clean restart keeps an UNLOGGED table")
+	require.Equal(t, backends.Completed, acquire(t, un, "done", "x").Status, "a clean restart keeps an UNLOGGED table")
 
 	pg.Crash()
 	l, un = reopen()
-	require.Equal(t, backends.OutcomeCompleted, acquire(t, l, "done", "y").Outcome, "the completion survived a crash")
-	require.Equal(t, backends.OutcomeAcquired, acquire(t, un, "done", "y").Outcome, "a crash empties an UNLOGGED table")
+	require.Equal(t, backends.Completed, acquire(t, l, "done", "y").Status, "the completion survived a crash")
+	require.Equal(t, backends.Acquired, acquire(t, un, "done", "y").Status, "a crash empties an UNLOGGED table")
 }
 
 // Migrate is idempotent and safe when several instances start at once.
@@ -143,7 +143,7 @@ func TestConcurrentMigrate(t *testing.T) {
 	s, err := pgstore.New(pool, opts)
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(context.Background()), "and again")
-	require.Equal(t, backends.OutcomeAcquired, acquire(t, s, "k", "o").Outcome)
+	require.Equal(t, backends.Acquired, acquire(t, s, "k", "o").Status)
 }
 
 func TestCleanup(t *testing.T) {
@@ -151,13 +151,13 @@ func TestCleanup(t *testing.T) {
 	s := newStore(t, pool, pgstore.Options{})
 	ctx := context.Background()
 	for i := range 25 {
-		res, err := s.Acquire(ctx, backends.AcquireRequest{Key: string(rune('a' + i)), Owner: "o", LeaseTTL: time.Minute, Retention: time.Hour})
-		require.NoError(t, err)
 		retention := time.Hour
 		if i < 20 {
 			retention = time.Millisecond
 		}
-		require.NoError(t, s.Complete(ctx, res.Lease, retention, nil))
+		res, err := s.Acquire(ctx, backends.AcquireRequest{Key: string(rune('a' + i)), Owner: "o", LeaseTTL: time.Minute, Retention: retention})
+		require.NoError(t, err)
+		require.NoError(t, s.Complete(ctx, res.Lease, nil))
 	}
 	time.Sleep(20 * time.Millisecond)
 	count := func() (n int) {

@@ -9,6 +9,7 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -121,8 +122,8 @@ func New(db DB, opts Options) (*Store, error) {
 		acquire: render(acquireSQL),
 		renew: `UPDATE ` + table + ` SET lease_expires_at = now() + $4::bigint * interval '1 microsecond',
 			forget_at = now() + ($4::bigint + retention_us) * interval '1 microsecond' WHERE ` + held,
-		complete: `UPDATE ` + table + ` SET state = 3, completed_at = now(), output = $5,
-			forget_at = now() + $4::bigint * interval '1 microsecond' WHERE ` + held,
+		complete: `UPDATE ` + table + ` SET state = 3, completed_at = now(), output = $4,
+			forget_at = now() + retention_us * interval '1 microsecond' WHERE ` + held,
 		release: `UPDATE ` + table + ` SET state = 2,
 			forget_at = now() + retention_us * interval '1 microsecond' WHERE ` + held,
 		inspect: `SELECT state, owner, token, attempt, lease_expires_at, completed_at, forget_at, fingerprint, output, now()
@@ -154,8 +155,8 @@ func (s *Store) PoolSize() int { return s.poolSize }
 
 // Statements returns the SQL of Acquire ($1 key, $2 owner, $3 lease TTL in
 // µs, $4 retention in µs, $5 fingerprint) and of Complete ($1 key, $2
-// owner, $3 token, $4 retention in µs, $5 output), as the store runs them:
-// for review, EXPLAIN, and benchmarks against pgbench.
+// owner, $3 token, $4 output), exactly as the store runs them: for review,
+// EXPLAIN, and running them under pgbench (benchmarks/pgbench does).
 func (s *Store) Statements() (acquire, complete string) { return s.sql.acquire, s.sql.complete }
 
 // Options returns the store's options with defaults applied.
@@ -243,19 +244,19 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	res := backends.AcquireResult{Fingerprint: nilIfEmpty(fp)}
 	switch {
 	case state == 3:
-		res.Outcome = backends.OutcomeCompleted
+		res.Status = backends.Completed
 		if completedAt != nil {
 			res.CompletedAt = *completedAt
 		}
 		res.Output = nilIfEmpty(output)
 	case state == 1 && owner == req.Owner:
-		res.Outcome = backends.OutcomeAcquired
+		res.Status = backends.Acquired
 		res.Lease = backends.Lease{
 			Key: req.Key, Owner: owner, Token: token, Attempt: int(attempt),
 			Takeover: how == 1, Reentrant: how == 2,
 		}
 	case state == 1:
-		res.Outcome = backends.OutcomeInProgress
+		res.Status = backends.InProgress
 		res.Remaining = leaseExp.Sub(now)
 	default:
 		return backends.AcquireResult{}, fmt.Errorf("pgstore: acquire: record of %q in unexpected state %d", req.Key, state)
@@ -272,7 +273,7 @@ func nilIfEmpty(b []byte) []byte {
 
 // held runs an UPDATE that matches only the lease's own live record.
 func (s *Store) held(ctx context.Context, op, sql string, lease backends.Lease, args ...any) error {
-	if err := backends.ValidateLease(lease); err != nil {
+	if err := lease.Validate(); err != nil {
 		return err
 	}
 	tag, err := s.db.Exec(ctx, sql, append([]any{[]byte(lease.Key), lease.Owner, lease.Token}, args...)...)
@@ -287,29 +288,31 @@ func (s *Store) held(ctx context.Context, op, sql string, lease backends.Lease, 
 
 // Renew implements [backends.Store].
 func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
-	if err := backends.ValidateTTL("lease TTL", ttl, false); err != nil {
+	if err := backends.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
 	return s.held(ctx, "renew", s.sql.renew, lease, us(ttl))
 }
 
 // Complete implements [backends.Store].
-func (s *Store) Complete(ctx context.Context, lease backends.Lease, retention time.Duration, output []byte) error {
-	return s.CompleteTx(ctx, s.db, lease, retention, output)
+func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
+	return s.complete(ctx, s.db, lease, output)
 }
 
 // CompleteTx completes the lease inside tx, the transaction in which the
-// handler wrote its own rows: if tx commits, the work and its completion
-// are recorded together; if it rolls back, neither is, and the key is
-// retried. tx may be any [DB], a pgx.Tx most usefully. The middleware
-// notices that the handler completed the key and does not complete it
-// again. Encode produced messages for output with middleware.EncodeOutput,
-// so they are replayed if publishing them fails.
-func (s *Store) CompleteTx(ctx context.Context, tx DB, lease backends.Lease, retention time.Duration, output []byte) error {
-	if err := backends.ValidateTTL("retention", retention, true); err != nil {
-		return err
-	}
-	return (&Store{db: tx, sql: s.sql}).held(ctx, "complete", s.sql.complete, lease, us(retention), output)
+// handler wrote its own rows, with the messages the handler will return:
+// if tx commits, the work, its completion and its output are recorded
+// together; if it rolls back, none is, and the key is retried. tx may be
+// any [DB], a pgx.Tx most usefully; take the lease from the handler's
+// context (middleware.LeaseFromContext). The middleware notices that the
+// handler completed the key and does not complete it again; a duplicate
+// gets output replayed, so pass exactly what the handler returns.
+func (s *Store) CompleteTx(ctx context.Context, tx DB, lease backends.Lease, output []*message.Message) error {
+	return s.complete(ctx, tx, lease, backends.EncodeOutput(output))
+}
+
+func (s *Store) complete(ctx context.Context, db DB, lease backends.Lease, output []byte) error {
+	return (&Store{db: db, sql: s.sql}).held(ctx, "complete", s.sql.complete, lease, output)
 }
 
 // Release implements [backends.Store].

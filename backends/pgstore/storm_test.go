@@ -172,7 +172,7 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 				if err := fx.apply(ctx, tx, lease); err != nil {
 					return nil, err
 				}
-				if err := store.CompleteTx(ctx, tx, lease, time.Hour, nil); err != nil {
+				if err := store.CompleteTx(ctx, tx, lease, nil); err != nil {
 					return nil, err
 				}
 				if lease.Attempt == 1 && fleet.FailsFirst(lease.Key) {

@@ -54,7 +54,7 @@ func (e *txEnv) charge(before, after func(orderID string) error) message.Handler
 		if _, err := tx.Exec(ctx, `INSERT INTO `+e.table+` VALUES ($1, $2)`, orderID, lease.Token); err != nil {
 			return nil, err
 		}
-		if err := e.store.CompleteTx(ctx, tx, lease, time.Hour, middleware.EncodeOutput(out)); err != nil {
+		if err := e.store.CompleteTx(ctx, tx, lease, out); err != nil {
 			return nil, err
 		}
 		if before != nil {

@@ -1,20 +1,21 @@
--- Marks KEYS[1] completed if ARGV owner and token still hold its lease.
--- ARGV: owner, token, retention (ms), output. Returns 1, or 0 if lost.
-local r = redis.call('HMGET', KEYS[1], 's', 'o', 't')
+-- Marks KEYS[1] completed if ARGV owner and token still hold its lease,
+-- keeping the record for the retention it was acquired with.
+-- ARGV: owner, token, output. Returns 1, or 0 if lost.
+local r = redis.call('HMGET', KEYS[1], 's', 'o', 't', 'r')
 if r[1] ~= '1' or r[2] ~= ARGV[1] or r[3] ~= ARGV[2] then
   return 0
 end
-local retention = tonumber(ARGV[3])
+local retention = tonumber(r[4])
 if retention <= 0 then
   redis.call('DEL', KEYS[1])
   return 1
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if ARGV[4] == '' then
+if ARGV[3] == '' then
   redis.call('HSET', KEYS[1], 's', 3, 'ca', now)
 else
-  redis.call('HSET', KEYS[1], 's', 3, 'ca', now, 'out', ARGV[4])
+  redis.call('HSET', KEYS[1], 's', 3, 'ca', now, 'out', ARGV[3])
 end
 redis.call('PEXPIRE', KEYS[1], retention)
 return 1

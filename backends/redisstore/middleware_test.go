@@ -85,43 +85,20 @@ func redisStorm(t *testing.T, addr string) {
 	}.Run(t).Check(t)
 }
 
-var _ backends.Store = (*countingStore)(nil)
-
-// countingStore counts store calls, to express the middleware's cost in
-// round trips.
-type countingStore struct {
-	backends.Store
-	calls atomic.Int64
-}
-
-func (c *countingStore) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
-	c.calls.Add(1)
-	return c.Store.Acquire(ctx, req)
-}
-
-func (c *countingStore) Complete(ctx context.Context, l backends.Lease, r time.Duration, out []byte) error {
-	c.calls.Add(1)
-	return c.Store.Complete(ctx, l, r, out)
-}
-
-func (c *countingStore) Renew(ctx context.Context, l backends.Lease, ttl time.Duration) error {
-	c.calls.Add(1)
-	return c.Store.Renew(ctx, l, ttl)
-}
-
 // The happy path costs exactly two store round trips: Acquire and
 // Complete; a duplicate of completed work costs one.
 func TestHappyPathRoundTrips(t *testing.T) {
-	store := &countingStore{Store: newStore(t, testserver.RedisClient(t))}
+	var calls atomic.Int64
+	store := fleet.Counted(newStore(t, testserver.RedisClient(t)), &calls)
 	idem, err := middleware.New(middleware.Config{Store: store, Namespace: "rt"})
 	require.NoError(t, err)
 	h := idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	_, err = h(message.NewMessage("m1", nil))
 	require.NoError(t, err)
-	require.EqualValues(t, 2, store.calls.Load())
+	require.EqualValues(t, 2, calls.Load())
 	_, err = h(message.NewMessage("m1", nil))
 	require.NoError(t, err)
-	require.EqualValues(t, 3, store.calls.Load())
+	require.EqualValues(t, 3, calls.Load())
 }
 
 // The same storm with a slow store: every call reaches Redis 100ms late,
@@ -276,11 +253,12 @@ func TestWrongTypeIsRejected(t *testing.T) {
 	_, err = s.Acquire(context.Background(), backends.AcquireRequest{Key: "t:k", Owner: "o", LeaseTTL: time.Second})
 	require.ErrorIs(t, err, backends.ErrRejected)
 
-	store := &countingStore{Store: s}
+	var calls atomic.Int64
+	store := fleet.Counted(s, &calls)
 	idem, err := middleware.New(middleware.Config{Store: store, Namespace: "t", MaxStoreBackoff: 10 * time.Millisecond})
 	require.NoError(t, err)
 	_, err = idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("k", nil))
 	require.ErrorIs(t, err, middleware.ErrStore)
 	require.ErrorIs(t, err, backends.ErrRejected)
-	require.EqualValues(t, 1, store.calls.Load(), "not retried")
+	require.EqualValues(t, 1, calls.Load(), "not retried")
 }

@@ -131,7 +131,7 @@ func parseAcquire(req backends.AcquireRequest, vals []any) (backends.AcquireResu
 		token, _ := vals[1].(int64)
 		attempt, _ := vals[2].(int64)
 		flags, _ := vals[3].(int64)
-		res.Outcome = backends.OutcomeAcquired
+		res.Status = backends.Acquired
 		res.Lease = backends.Lease{
 			Key: req.Key, Owner: req.Owner, Token: token, Attempt: int(attempt),
 			Takeover: flags == 1, Reentrant: flags == 2,
@@ -139,7 +139,7 @@ func parseAcquire(req backends.AcquireRequest, vals []any) (backends.AcquireResu
 		res.Fingerprint = bytesOrNil(vals[4])
 	case 2:
 		remaining, _ := vals[1].(int64)
-		res.Outcome = backends.OutcomeInProgress
+		res.Status = backends.InProgress
 		res.Remaining = time.Duration(remaining) * time.Millisecond
 		res.Fingerprint = bytesOrNil(vals[2])
 	case 3:
@@ -147,7 +147,7 @@ func parseAcquire(req backends.AcquireRequest, vals []any) (backends.AcquireResu
 			return bad()
 		}
 		at, _ := vals[1].(int64)
-		res.Outcome = backends.OutcomeCompleted
+		res.Status = backends.Completed
 		res.CompletedAt = time.UnixMilli(at)
 		res.Fingerprint = bytesOrNil(vals[2])
 		res.Output = bytesOrNil(vals[3])
@@ -209,7 +209,7 @@ func bytesOrNil(v any) []byte {
 // checked runs a script that answers 1 when the lease held and 0 when it
 // did not.
 func (s *Store) checked(ctx context.Context, op string, script *redis.Script, lease backends.Lease, args ...any) error {
-	if err := backends.ValidateLease(lease); err != nil {
+	if err := lease.Validate(); err != nil {
 		return err
 	}
 	args = append([]any{lease.Owner, lease.Token}, args...)
@@ -225,18 +225,15 @@ func (s *Store) checked(ctx context.Context, op string, script *redis.Script, le
 
 // Renew implements [backends.Store].
 func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
-	if err := backends.ValidateTTL("lease TTL", ttl, false); err != nil {
+	if err := backends.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
 	return s.checked(ctx, "renew", renewScript, lease, ms(ttl))
 }
 
 // Complete implements [backends.Store].
-func (s *Store) Complete(ctx context.Context, lease backends.Lease, retention time.Duration, output []byte) error {
-	if err := backends.ValidateTTL("retention", retention, true); err != nil {
-		return err
-	}
-	return s.checked(ctx, "complete", completeScript, lease, ms(retention), output)
+func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
+	return s.checked(ctx, "complete", completeScript, lease, output)
 }
 
 // Release implements [backends.Store].

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -96,7 +97,7 @@ func (s *suite) acquire(t *testing.T, key, owner string, ttl time.Duration) back
 func (s *suite) mustAcquire(t *testing.T, key, owner string, ttl time.Duration) backends.Lease {
 	t.Helper()
 	res := s.acquire(t, key, owner, ttl)
-	require.Equal(t, backends.OutcomeAcquired, res.Outcome, "acquire %q by %s", key, owner)
+	require.Equal(t, backends.Acquired, res.Status, "acquire %q by %s", key, owner)
 	require.Equal(t, key, res.Lease.Key)
 	require.Equal(t, owner, res.Lease.Owner)
 	require.Positive(t, res.Lease.Token)
@@ -108,7 +109,7 @@ func (s *suite) requireLost(t *testing.T, l backends.Lease) {
 	t.Helper()
 	c := ctx(t)
 	require.ErrorIs(t, s.Store.Renew(c, l, long), backends.ErrLeaseLost, "renew")
-	require.ErrorIs(t, s.Store.Complete(c, l, long, []byte("x")), backends.ErrLeaseLost, "complete")
+	require.ErrorIs(t, s.Store.Complete(c, l, []byte("x")), backends.ErrLeaseLost, "complete")
 	require.ErrorIs(t, s.Store.Release(c, l), backends.ErrLeaseLost, "release")
 }
 
@@ -154,7 +155,7 @@ var tests = []struct {
 func testAcquireFreshKey(t *testing.T, s *suite) {
 	key := s.key("k")
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.OutcomeAcquired, res.Outcome)
+	require.Equal(t, backends.Acquired, res.Status)
 	require.Equal(t, 1, res.Lease.Attempt)
 	require.Positive(t, res.Lease.Token)
 	require.False(t, res.Lease.Takeover)
@@ -173,7 +174,7 @@ func testInProgressForOthers(t *testing.T, s *suite) {
 	ttl := s.ticks(100)
 	s.mustAcquire(t, key, s.owner(), ttl)
 	res := s.acquire(t, key, s.owner(), ttl)
-	require.Equal(t, backends.OutcomeInProgress, res.Outcome)
+	require.Equal(t, backends.InProgress, res.Status)
 	require.Positive(t, res.Remaining)
 	require.LessOrEqual(t, res.Remaining, ttl)
 	require.Zero(t, res.Lease, "an in-progress result carries no lease")
@@ -213,11 +214,11 @@ func repeat(key string, n int) []string {
 
 func testConcurrentAcquireOneWinner(t *testing.T, s *suite) {
 	const n = 50
-	outcomes := map[backends.Outcome]int{}
+	outcomes := map[backends.Status]int{}
 	for _, res := range s.acquireAtOnce(t, repeat(s.key("k"), n)) {
-		outcomes[res.Outcome]++
+		outcomes[res.Status]++
 	}
-	require.Equal(t, map[backends.Outcome]int{backends.OutcomeAcquired: 1, backends.OutcomeInProgress: n - 1}, outcomes)
+	require.Equal(t, map[backends.Status]int{backends.Acquired: 1, backends.InProgress: n - 1}, outcomes)
 }
 
 func testConcurrentAcquireManyKeys(t *testing.T, s *suite) {
@@ -228,7 +229,7 @@ func testConcurrentAcquireManyKeys(t *testing.T, s *suite) {
 	}
 	winners := map[string]int{}
 	for i, res := range s.acquireAtOnce(t, all) {
-		if res.Outcome == backends.OutcomeAcquired {
+		if res.Status == backends.Acquired {
 			winners[all[i]]++
 		}
 	}
@@ -245,7 +246,7 @@ func testConcurrentTakeoverOneWinner(t *testing.T, s *suite) {
 
 	var winners []backends.Lease
 	for _, res := range s.acquireAtOnce(t, repeat(key, 50)) {
-		if res.Outcome == backends.OutcomeAcquired {
+		if res.Status == backends.Acquired {
 			winners = append(winners, res.Lease)
 		}
 	}
@@ -275,7 +276,7 @@ func testAtMostOneHolder(t *testing.T, s *suite) {
 					t.Error(err)
 					return
 				}
-				if res.Outcome != backends.OutcomeAcquired {
+				if res.Status != backends.Acquired {
 					continue
 				}
 				if h := holders[k].Add(1); h != 1 {
@@ -288,7 +289,7 @@ func testAtMostOneHolder(t *testing.T, s *suite) {
 				// Release most of the time so the key stays contended; complete
 				// each key only near the end.
 				if i >= rounds-keys {
-					err = s.Store.Complete(context.Background(), res.Lease, long, nil)
+					err = s.Store.Complete(context.Background(), res.Lease, nil)
 					completions[k].Add(1)
 				} else {
 					err = s.Store.Release(context.Background(), res.Lease)
@@ -310,7 +311,7 @@ func testReentrant(t *testing.T, s *suite) {
 	first := s.mustAcquire(t, key, owner, s.ticks(3))
 	s.wait(2)
 	again := s.acquire(t, key, owner, long)
-	require.Equal(t, backends.OutcomeAcquired, again.Outcome)
+	require.Equal(t, backends.Acquired, again.Status)
 	require.True(t, again.Lease.Reentrant)
 	require.False(t, again.Lease.Takeover)
 	require.Equal(t, first.Token, again.Lease.Token)
@@ -322,10 +323,10 @@ func testReentrant(t *testing.T, s *suite) {
 	// second untouched.)
 	s.wait(2)
 	other := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.OutcomeInProgress, other.Outcome)
+	require.Equal(t, backends.InProgress, other.Status)
 
 	// Both values of the lease work, since they are the same lease.
-	require.NoError(t, s.Store.Complete(ctx(t), first, long, nil))
+	require.NoError(t, s.Store.Complete(ctx(t), first, nil))
 }
 
 func testTakeoverAfterExpiry(t *testing.T, s *suite) {
@@ -335,7 +336,7 @@ func testTakeoverAfterExpiry(t *testing.T, s *suite) {
 	require.Equal(t, backends.StateExpired, s.inspect(t, key).State)
 
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.OutcomeAcquired, res.Outcome)
+	require.Equal(t, backends.Acquired, res.Status)
 	require.True(t, res.Lease.Takeover)
 	require.False(t, res.Lease.Reentrant)
 	require.Greater(t, res.Lease.Token, old.Token)
@@ -347,7 +348,7 @@ func testTakeoverAfterExpiry(t *testing.T, s *suite) {
 	require.Equal(t, backends.StateInProgress, rec.State, "the old holder's calls changed nothing")
 	require.Equal(t, res.Lease.Owner, rec.Owner)
 	require.Equal(t, res.Lease.Token, rec.Token)
-	require.NoError(t, s.Store.Complete(ctx(t), res.Lease, long, nil))
+	require.NoError(t, s.Store.Complete(ctx(t), res.Lease, nil))
 }
 
 func testExpiredNotTakenOver(t *testing.T, s *suite) {
@@ -355,9 +356,9 @@ func testExpiredNotTakenOver(t *testing.T, s *suite) {
 	l := s.mustAcquire(t, key, s.owner(), s.ticks(1))
 	s.wait(2)
 	require.NoError(t, s.Store.Renew(ctx(t), l, long), "nobody took the lease over: it is still the owner's")
-	require.NoError(t, s.Store.Complete(ctx(t), l, long, []byte("done")))
+	require.NoError(t, s.Store.Complete(ctx(t), l, []byte("done")))
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.OutcomeCompleted, res.Outcome)
+	require.Equal(t, backends.Completed, res.Status)
 }
 
 func testReleaseByNonOwner(t *testing.T, s *suite) {
@@ -370,11 +371,11 @@ func testReleaseByNonOwner(t *testing.T, s *suite) {
 	stale := l
 	stale.Token--
 	require.ErrorIs(t, s.Store.Release(ctx(t), stale), backends.ErrLeaseLost)
-	require.ErrorIs(t, s.Store.Complete(ctx(t), stale, long, nil), backends.ErrLeaseLost)
+	require.ErrorIs(t, s.Store.Complete(ctx(t), stale, nil), backends.ErrLeaseLost)
 	require.ErrorIs(t, s.Store.Renew(ctx(t), other, long), backends.ErrLeaseLost)
 
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.OutcomeInProgress, res.Outcome, "the holder's lease survived")
+	require.Equal(t, backends.InProgress, res.Status, "the holder's lease survived")
 	rec := s.inspect(t, key)
 	require.Equal(t, l.Owner, rec.Owner)
 	require.Equal(t, l.Token, rec.Token)
@@ -388,7 +389,7 @@ func testReleaseThenAcquire(t *testing.T, s *suite) {
 	require.ErrorIs(t, s.Store.Release(ctx(t), first), backends.ErrLeaseLost, "a second release finds nothing to release")
 
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.OutcomeAcquired, res.Outcome)
+	require.Equal(t, backends.Acquired, res.Status)
 	require.False(t, res.Lease.Takeover)
 	require.Greater(t, res.Lease.Token, first.Token)
 	require.Equal(t, 2, res.Lease.Attempt)
@@ -419,10 +420,10 @@ func testCompletedWithOutput(t *testing.T, s *suite) {
 	key := s.key("k")
 	l := s.mustAcquire(t, key, s.owner(), long)
 	out := []byte("output\x00with\xffodd bytes")
-	require.NoError(t, s.Store.Complete(ctx(t), l, long, out))
+	require.NoError(t, s.Store.Complete(ctx(t), l, out))
 
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.OutcomeCompleted, res.Outcome)
+	require.Equal(t, backends.Completed, res.Status)
 	require.Equal(t, out, res.Output)
 	require.False(t, res.CompletedAt.IsZero())
 	require.Zero(t, res.Lease)
@@ -436,22 +437,30 @@ func testCompletedWithOutput(t *testing.T, s *suite) {
 	// No output is stored as none.
 	key2 := s.key("nil-output")
 	l2 := s.mustAcquire(t, key2, s.owner(), long)
-	require.NoError(t, s.Store.Complete(ctx(t), l2, long, nil))
+	require.NoError(t, s.Store.Complete(ctx(t), l2, nil))
 	res2 := s.acquire(t, key2, s.owner(), long)
-	require.Equal(t, backends.OutcomeCompleted, res2.Outcome)
+	require.Equal(t, backends.Completed, res2.Status)
 	require.Empty(t, res2.Output)
 }
 
+// testCompletedUntilRetentionEnds checks that a completed record is kept
+// for the retention given at Acquire, counted from the completion.
 func testCompletedUntilRetentionEnds(t *testing.T, s *suite) {
 	key := s.key("k")
-	l := s.mustAcquire(t, key, s.owner(), long)
-	require.NoError(t, s.Store.Complete(ctx(t), l, s.ticks(10), []byte("out")))
-	require.Equal(t, backends.OutcomeCompleted, s.acquire(t, key, s.owner(), long).Outcome)
-	s.wait(10)
-	_, err := s.Store.Inspect(ctx(t), key)
+	first, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: s.ticks(20)})
+	require.NoError(t, err)
+	require.Equal(t, backends.Acquired, first.Status)
+	// The retention runs from the completion: 8 + 14 ticks after the
+	// acquisition the record is still there, though 22 > 20.
+	s.wait(8)
+	require.NoError(t, s.Store.Complete(ctx(t), first.Lease, []byte("out")))
+	s.wait(14)
+	require.Equal(t, backends.Completed, s.acquire(t, key, s.owner(), long).Status, "kept for the retention after completion")
+	s.wait(8)
+	_, err = s.Store.Inspect(ctx(t), key)
 	require.ErrorIs(t, err, backends.ErrNotFound, "a completed record past its retention is gone")
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.OutcomeAcquired, res.Outcome)
+	require.Equal(t, backends.Acquired, res.Status)
 	require.Equal(t, 1, res.Lease.Attempt, "a new record")
 	require.Empty(t, res.Output)
 }
@@ -475,18 +484,18 @@ func testFingerprint(t *testing.T, s *suite) {
 	c := ctx(t)
 	res, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: fp1})
 	require.NoError(t, err)
-	require.Equal(t, backends.OutcomeAcquired, res.Outcome)
+	require.Equal(t, backends.Acquired, res.Status)
 	require.Equal(t, fp1, res.Fingerprint)
 
 	dup, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: fp2})
 	require.NoError(t, err)
-	require.Equal(t, backends.OutcomeInProgress, dup.Outcome)
+	require.Equal(t, backends.InProgress, dup.Status)
 	require.Equal(t, fp1, dup.Fingerprint, "the first fingerprint is kept")
 
-	require.NoError(t, s.Store.Complete(c, res.Lease, long, nil))
+	require.NoError(t, s.Store.Complete(c, res.Lease, nil))
 	done, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: fp2})
 	require.NoError(t, err)
-	require.Equal(t, backends.OutcomeCompleted, done.Outcome)
+	require.Equal(t, backends.Completed, done.Status)
 	require.Equal(t, fp1, done.Fingerprint)
 	require.Equal(t, fp1, s.inspect(t, key).Fingerprint)
 
@@ -505,14 +514,14 @@ func testRenewExtends(t *testing.T, s *suite) {
 	require.NoError(t, s.Store.Renew(ctx(t), l, s.ticks(10)))
 	s.wait(2) // four ticks after acquire: past the original lease
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.OutcomeInProgress, res.Outcome)
+	require.Equal(t, backends.InProgress, res.Status)
 	require.Greater(t, res.Remaining, s.ticks(3), "the renewed lease has most of its ten ticks left")
 	require.Equal(t, backends.StateInProgress, s.inspect(t, key).State)
 
 	// Renew can also shorten a lease; the holder decides.
 	require.NoError(t, s.Store.Renew(ctx(t), l, s.ticks(1)))
 	s.wait(2)
-	require.Equal(t, backends.OutcomeAcquired, s.acquire(t, key, s.owner(), long).Outcome)
+	require.Equal(t, backends.Acquired, s.acquire(t, key, s.owner(), long).Status)
 	s.requireLost(t, l)
 }
 
@@ -536,30 +545,33 @@ func testInspectAndDelete(t *testing.T, s *suite) {
 	_, err = s.Store.Inspect(c, key)
 	require.ErrorIs(t, err, backends.ErrNotFound)
 	require.ErrorIs(t, s.Store.Delete(c, key), backends.ErrNotFound)
-	require.ErrorIs(t, s.Store.Complete(c, l, long, nil), backends.ErrLeaseLost, "the deleted lease is lost")
-	require.Equal(t, backends.OutcomeAcquired, s.acquire(t, key, s.owner(), long).Outcome)
+	require.ErrorIs(t, s.Store.Complete(c, l, nil), backends.ErrLeaseLost, "the deleted lease is lost")
+	require.Equal(t, backends.Acquired, s.acquire(t, key, s.owner(), long).Status)
 }
 
-// OddKeys are the keys the suite requires every store to keep apart: each
-// must round-trip and none may collide with another.
-var OddKeys = []string{
+// OddKeys returns the keys the suite requires every store to keep apart:
+// each must round-trip and none may collide with another. A store's own
+// tests may use them too; each call returns a fresh slice.
+func OddKeys() []string { return slices.Clone(oddKeys) }
+
+var oddKeys = []string{
 	`quote"d`, `single'quote`, "with space", "tab\tand\nnewline", `back\slash`,
 	"unicode-ключ-键-🔑", "nul\x00byte", "nul\x00", "nul", "{hash}tag", "*glob?[x]",
 	"%s%d%%", "'; DROP TABLE x; --", "\xff\xfe invalid utf8", strings.Repeat("long", 128),
 }
 
 func testOddKeys(t *testing.T, s *suite) {
-	leases := make(map[string]backends.Lease, len(OddKeys))
-	for _, k := range OddKeys {
+	leases := make(map[string]backends.Lease, len(oddKeys))
+	for _, k := range oddKeys {
 		key := s.key(k)
 		leases[key] = s.mustAcquire(t, key, s.owner(), long)
 	}
 	for key, l := range leases {
-		require.NoError(t, s.Store.Complete(ctx(t), l, long, []byte(key)), "key %q", key)
+		require.NoError(t, s.Store.Complete(ctx(t), l, []byte(key)), "key %q", key)
 	}
 	for key := range leases {
 		res := s.acquire(t, key, s.owner(), long)
-		require.Equal(t, backends.OutcomeCompleted, res.Outcome, "key %q", key)
+		require.Equal(t, backends.Completed, res.Status, "key %q", key)
 		require.Equal(t, []byte(key), res.Output, "key %q kept apart from the others", key)
 		require.Equal(t, key, s.inspect(t, key).Key)
 	}
@@ -569,9 +581,9 @@ func testLargeOutput(t *testing.T, s *suite) {
 	key := s.key("k")
 	out := bytes.Repeat([]byte{0, 1, 2, 0xff}, 256<<10) // 1 MiB
 	l := s.mustAcquire(t, key, s.owner(), long)
-	require.NoError(t, s.Store.Complete(ctx(t), l, long, out))
+	require.NoError(t, s.Store.Complete(ctx(t), l, out))
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.OutcomeCompleted, res.Outcome)
+	require.Equal(t, backends.Completed, res.Status)
 	require.True(t, bytes.Equal(out, res.Output), "1 MiB output round-trips")
 }
 
@@ -593,7 +605,6 @@ func testInvalidRequests(t *testing.T, s *suite) {
 
 	l := s.mustAcquire(t, key, s.owner(), long)
 	require.ErrorIs(t, s.Store.Renew(c, l, 0), backends.ErrInvalidRequest)
-	require.ErrorIs(t, s.Store.Complete(c, l, -time.Second, nil), backends.ErrInvalidRequest)
 	require.ErrorIs(t, s.Store.Release(c, backends.Lease{Key: key}), backends.ErrInvalidRequest)
 	require.Equal(t, backends.StateInProgress, s.inspect(t, key).State)
 }
@@ -610,8 +621,8 @@ func testLimits(t *testing.T, s *suite) {
 	}
 	longKey = longKey[:backends.MaxKeyBytes]
 	l := s.mustAcquire(t, longKey, s.owner(), long)
-	require.NoError(t, s.Store.Complete(c, l, long, []byte("out")))
-	require.Equal(t, backends.OutcomeCompleted, s.acquire(t, longKey, s.owner(), long).Outcome)
+	require.NoError(t, s.Store.Complete(c, l, []byte("out")))
+	require.Equal(t, backends.Completed, s.acquire(t, longKey, s.owner(), long).Status)
 	_, err := s.Store.Acquire(c, backends.AcquireRequest{Key: longKey + "x", Owner: s.owner(), LeaseTTL: long, Retention: long})
 	require.ErrorIs(t, err, backends.ErrInvalidRequest, "a key over MaxKeyBytes")
 
@@ -621,17 +632,17 @@ func testLimits(t *testing.T, s *suite) {
 	key := s.key("max")
 	res, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: backends.MaxDuration, Retention: backends.MaxDuration})
 	require.NoError(t, err)
-	require.Equal(t, backends.OutcomeAcquired, res.Outcome)
+	require.Equal(t, backends.Acquired, res.Status)
 	other := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.OutcomeInProgress, other.Outcome)
+	require.Equal(t, backends.InProgress, other.Status)
 	require.Greater(t, other.Remaining, backends.MaxDuration-time.Hour)
 	require.NoError(t, s.Store.Renew(c, res.Lease, backends.MaxDuration))
 	rec := s.inspect(t, key)
 	require.Equal(t, backends.StateInProgress, rec.State)
 	require.Greater(t, rec.ExpiresAt.Sub(rec.LeaseExpiresAt), backends.MaxDuration-time.Hour, "kept for the retention after the lease")
-	require.NoError(t, s.Store.Complete(c, res.Lease, backends.MaxDuration, nil))
+	require.NoError(t, s.Store.Complete(c, res.Lease, nil))
 	s.wait(1)
-	require.Equal(t, backends.OutcomeCompleted, s.acquire(t, key, s.owner(), long).Outcome)
+	require.Equal(t, backends.Completed, s.acquire(t, key, s.owner(), long).Status)
 	rec = s.inspect(t, key)
 	require.Greater(t, rec.ExpiresAt.Sub(rec.CompletedAt), backends.MaxDuration-time.Hour, "kept for the retention after completion")
 
@@ -647,7 +658,6 @@ func testLimits(t *testing.T, s *suite) {
 	}
 	l2 := s.mustAcquire(t, key2, s.owner(), long)
 	require.ErrorIs(t, s.Store.Renew(c, l2, over), backends.ErrInvalidRequest)
-	require.ErrorIs(t, s.Store.Complete(c, l2, over, nil), backends.ErrInvalidRequest)
 	require.Equal(t, backends.StateInProgress, s.inspect(t, key2).State, "refused calls changed nothing")
 }
 
@@ -663,7 +673,7 @@ func testOwners(t *testing.T, s *suite) {
 		l := s.mustAcquire(t, key, owner, long)
 		require.Equal(t, owner, s.inspect(t, key).Owner)
 		require.NoError(t, s.Store.Renew(c, l, long))
-		require.NoError(t, s.Store.Complete(c, l, long, nil))
+		require.NoError(t, s.Store.Complete(c, l, nil))
 	}
 	key := s.key("bad")
 	for name, owner := range map[string]string{
@@ -675,7 +685,7 @@ func testOwners(t *testing.T, s *suite) {
 		require.ErrorIs(t, err, backends.ErrInvalidRequest, name)
 		bad := backends.Lease{Key: key, Owner: owner, Token: 1}
 		require.ErrorIs(t, s.Store.Renew(c, bad, long), backends.ErrInvalidRequest, name)
-		require.ErrorIs(t, s.Store.Complete(c, bad, long, nil), backends.ErrInvalidRequest, name)
+		require.ErrorIs(t, s.Store.Complete(c, bad, nil), backends.ErrInvalidRequest, name)
 		require.ErrorIs(t, s.Store.Release(c, bad), backends.ErrInvalidRequest, name)
 	}
 	_, err := s.Store.Inspect(c, key)
@@ -697,7 +707,7 @@ func testPoolSize(t *testing.T, s *suite) {
 		keys[i] = s.key(fmt.Sprint(i))
 	}
 	for i, res := range s.acquireAtOnce(t, keys) {
-		require.Equal(t, backends.OutcomeAcquired, res.Outcome, "key %d of %d concurrent calls", i, len(keys))
+		require.Equal(t, backends.Acquired, res.Status, "key %d of %d concurrent calls", i, len(keys))
 	}
 }
 

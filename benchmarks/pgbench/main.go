@@ -96,10 +96,10 @@ func run(url string, clients int, duration time.Duration, rounds int) error {
 						if err != nil {
 							return err
 						}
-						if res.Outcome != backends.OutcomeAcquired {
-							return fmt.Errorf("key %s: %v", key, res.Outcome)
+						if res.Status != backends.Acquired {
+							return fmt.Errorf("key %s: %v", key, res.Status)
 						}
-						return store.Complete(ctx, res.Lease, time.Hour, nil)
+						return store.Complete(ctx, res.Lease, nil)
 					})
 					ourRuns = append(ourRuns, v)
 					return err
@@ -136,7 +136,7 @@ func pgbench(url string, store *pgstore.Store, clients int, duration time.Durati
 		"$1": "convert_to('k' || :k, 'UTF8')", "$2": "'o' || :k", "$3": "30000000", "$4": "3600000000", "$5": "NULL::bytea",
 	})
 	complete = replaceParams(complete, map[string]string{
-		"$1": "convert_to('k' || :k, 'UTF8')", "$2": "'o' || :k", "$3": ":token", "$4": "3600000000", "$5": "NULL::bytea",
+		"$1": "convert_to('k' || :k, 'UTF8')", "$2": "'o' || :k", "$3": ":token", "$4": "NULL::bytea",
 	})
 	script := "\\set k random(1, 9000000000000000)\n" +
 		"WITH a AS (" + oneLine(acquire) + ") SELECT token FROM a\n\\gset\n" +

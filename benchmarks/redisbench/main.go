@@ -84,10 +84,10 @@ func run(addr string, clients int, duration time.Duration, requests, messages, r
 		if err != nil {
 			return err
 		}
-		if res.Outcome != backends.OutcomeAcquired {
-			return fmt.Errorf("key %s: %v", key, res.Outcome)
+		if res.Status != backends.Acquired {
+			return fmt.Errorf("key %s: %v", key, res.Status)
 		}
-		return store.Complete(ctx, res.Lease, time.Minute, nil)
+		return store.Complete(ctx, res.Lease, nil)
 	}
 	locker := redislock.New(client)
 	obtainRelease := func(ctx context.Context, key string) error {
@@ -250,7 +250,7 @@ func recordMemory(ctx context.Context, c *redis.Client, store *redisstore.Store,
 	if err != nil {
 		return 0, err
 	}
-	if err := store.Complete(ctx, res.Lease, time.Hour, nil); err != nil {
+	if err := store.Complete(ctx, res.Lease, nil); err != nil {
 		return 0, err
 	}
 	n, err := c.MemoryUsage(ctx, prefix+key).Result()

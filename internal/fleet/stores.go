@@ -30,9 +30,9 @@ func (c *counted) Renew(ctx context.Context, l backends.Lease, ttl time.Duration
 	return c.Store.Renew(ctx, l, ttl)
 }
 
-func (c *counted) Complete(ctx context.Context, l backends.Lease, retention time.Duration, out []byte) error {
+func (c *counted) Complete(ctx context.Context, l backends.Lease, out []byte) error {
 	c.calls.Add(1)
-	return c.Store.Complete(ctx, l, retention, out)
+	return c.Store.Complete(ctx, l, out)
 }
 
 func (c *counted) Release(ctx context.Context, l backends.Lease) error {
@@ -96,8 +96,8 @@ func (f *flaky) Renew(ctx context.Context, l backends.Lease, ttl time.Duration) 
 	return f.call(func() error { return f.Store.Renew(ctx, l, ttl) })
 }
 
-func (f *flaky) Complete(ctx context.Context, l backends.Lease, retention time.Duration, out []byte) error {
-	return f.call(func() error { return f.Store.Complete(ctx, l, retention, out) })
+func (f *flaky) Complete(ctx context.Context, l backends.Lease, out []byte) error {
+	return f.call(func() error { return f.Store.Complete(ctx, l, out) })
 }
 
 func (f *flaky) Release(ctx context.Context, l backends.Lease) error {

@@ -1,4 +1,4 @@
-package middleware
+package backends
 
 import (
 	"bytes"
@@ -15,8 +15,8 @@ func TestOutputRoundTrip(t *testing.T) {
 	b := message.NewMessage("", nil)
 	c := message.NewMessage("c", bytes.Repeat([]byte("x"), 1<<16))
 
-	enc := encodeOutput([]*message.Message{a, b, c})
-	got, err := decodeOutput(enc)
+	enc := EncodeOutput([]*message.Message{a, b, c})
+	got, err := DecodeOutput(enc)
 	require.NoError(t, err)
 	require.Len(t, got, 3)
 	for i, want := range []*message.Message{a, b, c} {
@@ -28,19 +28,19 @@ func TestOutputRoundTrip(t *testing.T) {
 		}
 	}
 
-	again, err := decodeOutput(enc)
+	again, err := DecodeOutput(enc)
 	require.NoError(t, err)
 	again[0].Payload[0] = 'X'
 	require.Equal(t, byte('p'), got[0].Payload[0], "each decode returns fresh messages")
 
-	require.Nil(t, encodeOutput(nil))
-	none, err := decodeOutput(nil)
+	require.Nil(t, EncodeOutput(nil))
+	none, err := DecodeOutput(nil)
 	require.NoError(t, err)
 	require.Empty(t, none)
 }
 
 func TestOutputDecodeRejectsCorruptInput(t *testing.T) {
-	enc := encodeOutput([]*message.Message{message.NewMessage("a", []byte("p"))})
+	enc := EncodeOutput([]*message.Message{message.NewMessage("a", []byte("p"))})
 	for name, b := range map[string][]byte{
 		"unknown version": append([]byte{2}, enc[1:]...),
 		"truncated":       enc[:len(enc)-1],
@@ -48,21 +48,21 @@ func TestOutputDecodeRejectsCorruptInput(t *testing.T) {
 		"huge count":      {1, 0xff, 0xff, 0xff, 0xff, 0x0f},
 		"huge length":     {1, 1, 0xff, 0xff, 0xff, 0xff, 0x0f},
 	} {
-		_, err := decodeOutput(b)
+		_, err := DecodeOutput(b)
 		require.ErrorIs(t, err, ErrCorruptOutput, name)
 	}
 }
 
 func FuzzOutputDecode(f *testing.F) {
-	f.Add(encodeOutput([]*message.Message{message.NewMessage("a", []byte("p"))}))
+	f.Add(EncodeOutput([]*message.Message{message.NewMessage("a", []byte("p"))}))
 	f.Add([]byte{1, 2, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		msgs, err := decodeOutput(b)
+		msgs, err := DecodeOutput(b)
 		if err != nil {
 			return
 		}
 		// Whatever decodes survives an encode and decode unchanged.
-		again, err := decodeOutput(encodeOutput(msgs))
+		again, err := DecodeOutput(EncodeOutput(msgs))
 		require.NoError(t, err)
 		require.Len(t, again, len(msgs))
 		for i := range msgs {

@@ -1,7 +1,8 @@
-package middleware
+package backends
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -19,13 +20,14 @@ import (
 // Metadata is stored in map order: the order carries no meaning.
 const outputVersion = 1
 
-// EncodeOutput encodes produced messages the way the middleware stores
-// them with a completion, so they can be replayed for duplicates. Use it
-// when the handler completes the key itself, in its own transaction
-// (pgstore.Store.CompleteTx), and pass the same messages it returns.
-func EncodeOutput(msgs []*message.Message) []byte { return encodeOutput(msgs) }
+// ErrCorruptOutput is returned by [DecodeOutput] for bytes that are not an
+// encoded output.
+var ErrCorruptOutput = errors.New("backends: corrupt stored output")
 
-func encodeOutput(msgs []*message.Message) []byte {
+// EncodeOutput encodes a handler's produced messages the way they are
+// stored with a completion, so that a duplicate can replay them: nil for
+// no messages. The middleware calls it; so does pgstore.Store.CompleteTx.
+func EncodeOutput(msgs []*message.Message) []byte {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -57,9 +59,11 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// decodeOutput returns fresh messages each call: they are published, and
-// a publisher may modify them.
-func decodeOutput(b []byte) ([]*message.Message, error) {
+// DecodeOutput decodes an output stored with a completion
+// ([AcquireResult.Output], [Record.Output]) back into messages, or returns
+// an error wrapping [ErrCorruptOutput]. Each call returns fresh messages:
+// they are published, and a publisher may modify them.
+func DecodeOutput(b []byte) ([]*message.Message, error) {
 	if len(b) == 0 {
 		return nil, nil
 	}
