@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/watermill-idempotency/idempotency/backends"
 )
 
 // Errors the middleware returns from the handler (so the router nacks the
@@ -47,6 +49,26 @@ func (e *KeyError) Error() string {
 
 // Unwrap returns [ErrInvalidKey] and the cause.
 func (e *KeyError) Unwrap() []error { return []error{ErrInvalidKey, e.Err} }
+
+// IsPoison reports whether err means the message can never succeed as it
+// was sent, however often it is redelivered: no usable key
+// ([*KeyError]), a fingerprint mismatch, an output too large to store, a
+// corrupt stored output. Use it as the filter of Watermill's
+// PoisonQueueWithFilter, outside this middleware, to move such messages
+// out of the way:
+//
+//	poison, err := middleware.PoisonQueueWithFilter(pub, "poison", idempotency.IsPoison)
+//
+// It is false for everything that must come back: an in-flight duplicate
+// ([*InProgressError]), a store error (even one the store marks
+// permanent, such as a missing table, which an operator will fix), a lost
+// lease, and the handler's own errors. A plain PoisonQueue would ack all
+// of those: an in-flight duplicate would be acked while its holder may
+// still fail, and the message lost.
+func IsPoison(err error) bool {
+	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrFingerprintMismatch) ||
+		errors.Is(err, ErrOutputTooLarge) || errors.Is(err, backends.ErrCorruptOutput)
+}
 
 // IsKeyError reports whether err is a [*KeyError]. It fits
 // middleware.PoisonQueueWithFilter from Watermill, to move messages that can

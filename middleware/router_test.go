@@ -280,9 +280,9 @@ func TestOutcomesAckedMatchesRouterBehaviour(t *testing.T) {
 	require.False(t, middleware.OutcomeInProgress.Acked(), "an in-flight duplicate is never acked")
 }
 
-// The chain the configuration guide recommends: poison queue outermost,
-// then idempotency, then Retry. Retries run under one lease; a key error
-// goes to the poison queue without being retried.
+// The chain the configuration guide recommends: a poison queue filtered by
+// IsPoison outermost, then idempotency, then Retry. Retries run under one
+// lease; a key error goes to the poison queue without being retried.
 func TestRouterRecommendedChainWithRetryAndPoisonQueue(t *testing.T) {
 	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("order")
@@ -290,7 +290,7 @@ func TestRouterRecommendedChainWithRetryAndPoisonQueue(t *testing.T) {
 	var attempts atomic.Int32
 	var tokens sync.Map
 	env := newRouter(t, func(r *message.Router, ps *gochannel.GoChannel) {
-		poison, err := wmiddleware.PoisonQueue(ps, "poison")
+		poison, err := wmiddleware.PoisonQueueWithFilter(ps, "poison", middleware.IsPoison)
 		require.NoError(t, err)
 		retry := wmiddleware.Retry{MaxRetries: 3, InitialInterval: time.Millisecond}
 		r.AddConsumerHandler("h", "in", ps, func(msg *message.Message) error {
