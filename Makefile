@@ -37,9 +37,11 @@ example-sqs: bin/goaws ## Run the SQS example against a local goaws (started and
 	trap 'kill $$pid 2>/dev/null; rm -rf $$dir' EXIT; sleep 1; \
 	cd examples && SQS_ENDPOINT=http://127.0.0.1:$(GOAWS_PORT) $(GO) run ./sqs
 
+STORE ?= redis
+
 .PHONY: up
-up: ## Start an example and its services with docker compose (EXAMPLE=redis or sqs)
-	docker compose -f examples/$(EXAMPLE)/docker-compose.yml up --abort-on-container-exit
+up: ## Run an example and its services with docker compose; fails if its check fails (EXAMPLE=redis or sqs, STORE=redis or postgres)
+	STORE=$(STORE) docker compose -f examples/$(EXAMPLE)/docker-compose.yml $(if $(filter postgres,$(STORE)),--profile postgres) up --exit-code-from example
 
 .PHONY: down
 down: ## Stop and remove an example's docker compose services (EXAMPLE=redis or sqs)

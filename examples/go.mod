@@ -13,6 +13,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/watermill-idempotency/idempotency v0.0.0
+	github.com/watermill-idempotency/idempotency/contrib/awssqs v0.0.0
 )
 
 require (
@@ -53,3 +54,5 @@ require (
 )
 
 replace github.com/watermill-idempotency/idempotency => ../
+
+replace github.com/watermill-idempotency/idempotency/contrib/awssqs => ../contrib/awssqs

@@ -171,8 +171,10 @@ type Config struct {
 	// may then run concurrently and twice. Defaults to false (fail closed).
 	FailOpen bool
 
-	// Logger receives one log line per decision that is not routine.
-	// Defaults to watermill.NopLogger.
+	// Logger receives one log line per delivery: failures (store errors,
+	// lost leases, key errors, processed_not_recorded) at Error level,
+	// duplicates and in-flight nacks at Debug, routine outcomes (processed,
+	// handler failed) at Trace. Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 
 	// Observer is told the outcome of every delivery, for metrics.

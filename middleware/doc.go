@@ -9,7 +9,9 @@
 //	if err != nil {
 //		return err
 //	}
-//	idem, err := middleware.New(middleware.Config{
+//	import idempotency "github.com/watermill-idempotency/idempotency/middleware"
+//
+//	idem, err := idempotency.New(idempotency.Config{
 //		Store: store,
 //		Key:   keyfunc.JSONField("order_id"),
 //	})

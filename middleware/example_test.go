@@ -11,9 +11,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
-	"github.com/watermill-idempotency/idempotency/middleware"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 // A router whose handler charges each order once, however often the order
@@ -23,8 +24,8 @@ func Example() {
 	pubSub := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, logger)
 	defer pubSub.Close()
 
-	counters := &middleware.Counters{}
-	idem, err := middleware.New(middleware.Config{
+	counters := &idempotency.Counters{}
+	idem, err := idempotency.New(idempotency.Config{
 		Store:    memstore.New(memstore.Options{}),
 		Key:      keyfunc.JSONField("order_id"),
 		Observer: counters,
@@ -52,30 +53,52 @@ func Example() {
 		_ = pubSub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte(`{"order_id":"o-1"}`)))
 	}
 	fmt.Println("charged:", charged.Load())
-	fmt.Println("processed:", counters.Count(middleware.OutcomeProcessed), "duplicates:", counters.Count(middleware.OutcomeDuplicate))
+	fmt.Println("processed:", counters.Count(idempotency.OutcomeProcessed), "duplicates:", counters.Count(idempotency.OutcomeDuplicate))
 	// Output:
 	// charged: 1
 	// processed: 1 duplicates: 2
 }
 
-// The fencing token is in the handler's context; pass it to the systems the
-// handler writes to, so they can refuse a stale holder's write.
+// The fencing token is in the handler's context. Pass it to the systems the
+// handler writes to, and have them keep one effect per idempotency key with
+// the token that wrote it: a write with a lower token comes from a holder
+// that was overtaken, and is refused (docs/concepts.md, "Fencing", shows
+// the same in SQL).
 func ExampleLeaseFromContext() {
-	idem, _ := middleware.New(middleware.Config{Store: memstore.New(memstore.Options{}), Namespace: "payments"})
+	effects := map[string]int64{} // idempotency key -> token of the effect, as a table would keep it
+	write := func(lease backends.Lease) error {
+		if effects[lease.Key] > lease.Token {
+			return errors.New("stale fencing token: a newer holder has written")
+		}
+		effects[lease.Key] = lease.Token
+		return nil
+	}
+
+	idem, _ := idempotency.New(idempotency.Config{Store: memstore.New(memstore.Options{}), Namespace: "payments"})
 	handler := idem.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		lease, _ := middleware.LeaseFromContext(msg.Context())
+		lease, _ := idempotency.LeaseFromContext(msg.Context())
 		fmt.Println(lease.Key, "token", lease.Token, "attempt", lease.Attempt)
-		// e.g. UPDATE accounts SET ..., fence = $token WHERE id = $id AND fence < $token
-		return nil, nil
+		return nil, write(lease)
 	})
-	_, _ = handler(message.NewMessage("m-1", nil))
-	// Output: payments:m-1 token 1 attempt 1
+	_, _ = handler(message.NewMessage("order-1", nil))
+	_, _ = handler(message.NewMessage("order-2", nil)) // another key: its tokens start at 1 again
+	fmt.Println(effects)
+
+	// A holder of order-1 with token 1 that paused while another took the
+	// key over (token 2) and wrote, is refused when it wakes up.
+	effects["payments:order-1"] = 2
+	fmt.Println(write(backends.Lease{Key: "payments:order-1", Token: 1}))
+	// Output:
+	// payments:order-1 token 1 attempt 1
+	// payments:order-2 token 1 attempt 1
+	// map[payments:order-1:1 payments:order-2:1]
+	// stale fencing token: a newer holder has written
 }
 
 // Invalid configuration is an error from New, never a panic.
 func ExampleNew_invalidConfig() {
-	_, err := middleware.New(middleware.Config{LeaseTTL: time.Millisecond})
-	fmt.Println(errors.Is(err, middleware.ErrInvalidConfig))
+	_, err := idempotency.New(idempotency.Config{LeaseTTL: time.Millisecond})
+	fmt.Println(errors.Is(err, idempotency.ErrInvalidConfig))
 	fmt.Println(err)
 	// Output:
 	// true
@@ -83,16 +106,47 @@ func ExampleNew_invalidConfig() {
 	// LeaseTTL must be at least 10ms, got 1ms
 }
 
+// IsPoison is the filter for Watermill's PoisonQueueWithFilter: true for
+// errors no redelivery can fix, false for those that must come back.
+func ExampleIsPoison() {
+	idem, _ := idempotency.New(idempotency.Config{
+		Store:          memstore.New(memstore.Options{}),
+		Key:            keyfunc.Metadata("Idempotency-Key"),
+		Namespace:      "payments",
+		InProgressWait: -1, // do not wait for the holder, to show the error at once
+	})
+	run := func(msg *message.Message, h message.HandlerFunc) error {
+		_, err := idem.Middleware(h)(msg)
+		return err
+	}
+	ok := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+
+	noKey := run(message.NewMessage("m-1", nil), ok)
+	fmt.Println("no key:", idempotency.IsPoison(noKey))
+
+	keyed := message.NewMessage("m-2", nil)
+	keyed.Metadata.Set("Idempotency-Key", "order-1")
+	duplicate := keyed.Copy()
+	_ = run(keyed, func(*message.Message) ([]*message.Message, error) {
+		inFlight := run(duplicate, ok) // arrives while the first still holds the key
+		fmt.Println("in-flight duplicate:", idempotency.IsPoison(inFlight), errors.Is(inFlight, idempotency.ErrInProgress))
+		return nil, nil
+	})
+	// Output:
+	// no key: true
+	// in-flight duplicate: false true
+}
+
 // A message without a key is rejected with a typed error, which Watermill's
 // PoisonQueueWithFilter can route with IsKeyError.
 func ExampleIsKeyError() {
-	idem, _ := middleware.New(middleware.Config{
+	idem, _ := idempotency.New(idempotency.Config{
 		Store:     memstore.New(memstore.Options{}),
 		Key:       keyfunc.Metadata("Idempotency-Key"),
 		Namespace: "payments",
 	})
 	_, err := idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil))
-	fmt.Println(middleware.IsKeyError(err), errors.Is(err, keyfunc.ErrNoKey))
+	fmt.Println(idempotency.IsKeyError(err), errors.Is(err, keyfunc.ErrNoKey))
 	fmt.Println(err)
 	// Output:
 	// true true

@@ -8,7 +8,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
-	"github.com/watermill-idempotency/idempotency/middleware"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 // A handler that writes its own row and completes the key in the same
@@ -27,14 +27,14 @@ func ExampleStore_CompleteTx() {
 	if err := store.Migrate(ctx); err != nil {
 		panic(err)
 	}
-	idem, err := middleware.New(middleware.Config{Store: store, Key: keyfunc.JSONField("order_id")})
+	idem, err := idempotency.New(idempotency.Config{Store: store, Key: keyfunc.JSONField("order_id")})
 	if err != nil {
 		panic(err)
 	}
 
 	charge := func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
-		lease, _ := middleware.LeaseFromContext(ctx)
+		lease, _ := idempotency.LeaseFromContext(ctx)
 		out := []*message.Message{message.NewMessage("receipt-"+msg.UUID, msg.Payload)}
 
 		tx, err := pool.Begin(ctx)

@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -195,6 +196,16 @@ func TestNewValidates(t *testing.T) {
 	s, err := pgstore.New(pool, pgstore.Options{Schema: `we"ird`, Table: `ta ble`})
 	require.NoError(t, err, "identifiers are quoted, any name works")
 	require.Equal(t, `we"ird`, s.Options().Schema)
+
+	// The longest table name leaves room for its index's name: Postgres
+	// would silently cut a longer one at 63 bytes.
+	_, err = pgstore.New(pool, pgstore.Options{Table: strings.Repeat("t", 61)})
+	require.ErrorIs(t, err, pgstore.ErrInvalidOptions)
+	longest := newStore(t, pool, pgstore.Options{Table: strings.Repeat("t", 60)})
+	var index string
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND indexname LIKE '%_fa'`, longest.Options().Schema).Scan(&index))
+	require.Equal(t, strings.Repeat("t", 60)+"_fa", index)
 }
 
 // The store reports the pool's MaxConns, or 1 for a single connection, so

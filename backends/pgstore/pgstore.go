@@ -30,6 +30,9 @@ type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// indexSuffix names the table's forget_at index after the table.
+const indexSuffix = "_fa"
+
 // Defaults for [Options].
 const (
 	DefaultSchema = "public"
@@ -96,14 +99,14 @@ func New(db DB, opts Options) (*Store, error) {
 	if opts.Table == "" {
 		opts.Table = DefaultTable
 	}
-	if len(opts.Schema) > 63 || len(opts.Table) > 59 {
-		return nil, fmt.Errorf("%w: schema or table name too long for Postgres (63 bytes; the table's index adds 4)", ErrInvalidOptions)
+	if len(opts.Schema) > 63 || len(opts.Table) > 63-len(indexSuffix) {
+		return nil, fmt.Errorf("%w: schema or table name too long for Postgres (63 bytes; the table's index adds %d to the table's)", ErrInvalidOptions, len(indexSuffix))
 	}
 	table := pgx.Identifier{opts.Schema, opts.Table}.Sanitize()
 	vars := map[string]string{
 		"Schema":     pgx.Identifier{opts.Schema}.Sanitize(),
 		"Table":      table,
-		"Index":      pgx.Identifier{opts.Table + "_fa"}.Sanitize(),
+		"Index":      pgx.Identifier{opts.Table + indexSuffix}.Sanitize(),
 		"Acquirable": acquirableSQL,
 		"Reentrant":  reentrantSQL,
 		"Unlogged":   "",

@@ -2,6 +2,7 @@
 -- name; {{.Unlogged}} is UNLOGGED or empty. Every statement is idempotent.
 CREATE SCHEMA IF NOT EXISTS {{.Schema}};
 
+-- snippet:schema
 CREATE {{.Unlogged}} TABLE IF NOT EXISTS {{.Table}} (
     key              bytea       PRIMARY KEY,
     state            smallint    NOT NULL,           -- 1 in progress, 2 released, 3 completed
@@ -16,6 +17,7 @@ CREATE {{.Unlogged}} TABLE IF NOT EXISTS {{.Table}} (
     fingerprint      bytea,
     output           bytea
 ) WITH (fillfactor = 80);                            -- room for HOT updates of lease renewals
+-- end snippet
 
 -- Cleanup deletes the oldest forgotten records first.
 CREATE INDEX IF NOT EXISTS {{.Index}} ON {{.Table}} (forget_at);

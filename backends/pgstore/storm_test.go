@@ -18,7 +18,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/internal/fleet"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
-	"github.com/watermill-idempotency/idempotency/middleware"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 // pool connects to the test database with at most maxConns connections.
@@ -163,7 +163,7 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 			require.NoError(t, err)
 			return func(msg *message.Message) ([]*message.Message, error) {
 				ctx := msg.Context()
-				lease, _ := middleware.LeaseFromContext(ctx)
+				lease, _ := idempotency.LeaseFromContext(ctx)
 				tx, err := business.Begin(ctx)
 				if err != nil {
 					return nil, err
@@ -212,10 +212,10 @@ func TestMissingTableIsRejected(t *testing.T) {
 	require.ErrorContains(t, err, "42P01")
 
 	var calls atomic.Int64
-	idem, err := middleware.New(middleware.Config{Store: fleet.Counted(s, &calls), Namespace: "t", StoreTimeout: time.Minute, MaxStoreBackoff: 10 * time.Millisecond})
+	idem, err := idempotency.New(idempotency.Config{Store: fleet.Counted(s, &calls), Namespace: "t", StoreTimeout: time.Minute, MaxStoreBackoff: 10 * time.Millisecond})
 	require.NoError(t, err)
 	_, err = idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("k", nil))
-	require.ErrorIs(t, err, middleware.ErrStore)
+	require.ErrorIs(t, err, idempotency.ErrStore)
 	require.ErrorIs(t, err, backends.ErrRejected)
 	require.EqualValues(t, 1, calls.Load(), "not retried")
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
-	"github.com/watermill-idempotency/idempotency/middleware"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 // txEnv is a store and a business table ("charges") in one schema. The
@@ -42,7 +42,7 @@ func newTxEnv(t *testing.T) *txEnv {
 func (e *txEnv) charge(before, after func(orderID string) error) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
-		lease, _ := middleware.LeaseFromContext(ctx)
+		lease, _ := idempotency.LeaseFromContext(ctx)
 		orderID := string(msg.Payload)
 		out := []*message.Message{message.NewMessage("charged-"+orderID, []byte(orderID))}
 
@@ -80,8 +80,8 @@ func (e *txEnv) rows(t *testing.T, orderID string) int {
 	return n
 }
 
-func newIdem(t *testing.T, store backends.Store, counters *middleware.Counters) *middleware.Idempotency {
-	idem, err := middleware.New(middleware.Config{
+func newIdem(t *testing.T, store backends.Store, counters *idempotency.Counters) *idempotency.Idempotency {
+	idem, err := idempotency.New(idempotency.Config{
 		Store: store, Namespace: "charge", Key: keyfunc.Func(func(m *message.Message) (string, error) { return string(m.Payload), nil }),
 		LeaseTTL: 5 * time.Second, PollInterval: 5 * time.Millisecond, Observer: counters,
 	})
@@ -95,7 +95,7 @@ func newIdem(t *testing.T, store backends.Store, counters *middleware.Counters) 
 // replayed.
 func TestTxCommitThenReturnLost(t *testing.T) {
 	e := newTxEnv(t)
-	counters := &middleware.Counters{}
+	counters := &idempotency.Counters{}
 	idem := newIdem(t, e.store, counters)
 	lost := errors.New("process died before the ack")
 	h := idem.Middleware(e.charge(nil, func(string) error { return lost }))
@@ -105,7 +105,7 @@ func TestTxCommitThenReturnLost(t *testing.T) {
 	out, err := h(message.NewMessage("m1-redelivered", []byte("o-1")))
 	require.NoError(t, err)
 	require.Equal(t, 1, e.rows(t, "o-1"), "the business row exists once")
-	require.EqualValues(t, 1, counters.Count(middleware.OutcomeDuplicate), "the redelivery was dropped")
+	require.EqualValues(t, 1, counters.Count(idempotency.OutcomeDuplicate), "the redelivery was dropped")
 	require.Len(t, out, 1)
 	require.Equal(t, "charged-o-1", out[0].UUID, "the output committed with the work is replayed")
 }
@@ -114,7 +114,7 @@ func TestTxCommitThenReturnLost(t *testing.T) {
 // is recorded, the key is released, and the retry writes the row.
 func TestTxRollbackIsRetried(t *testing.T) {
 	e := newTxEnv(t)
-	counters := &middleware.Counters{}
+	counters := &idempotency.Counters{}
 	idem := newIdem(t, e.store, counters)
 	var failed atomic.Bool
 	h := idem.Middleware(e.charge(func(string) error {
@@ -135,24 +135,24 @@ func TestTxRollbackIsRetried(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, out, 1)
 	require.Equal(t, 1, e.rows(t, "o-1"))
-	require.EqualValues(t, 1, counters.Count(middleware.OutcomeProcessed))
+	require.EqualValues(t, 1, counters.Count(idempotency.OutcomeProcessed))
 }
 
 // The middleware sees that the handler completed the key itself and
 // reports it as processed, not as a lost lease.
 func TestTxCompletionIsRecognised(t *testing.T) {
 	e := newTxEnv(t)
-	var events []middleware.Event
-	idem, err := middleware.New(middleware.Config{
+	var events []idempotency.Event
+	idem, err := idempotency.New(idempotency.Config{
 		Store: e.store, Namespace: "charge",
 		Key:      keyfunc.Func(func(m *message.Message) (string, error) { return string(m.Payload), nil }),
-		Observer: middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) { events = append(events, ev) }),
+		Observer: idempotency.ObserverFunc(func(_ context.Context, ev idempotency.Event) { events = append(events, ev) }),
 	})
 	require.NoError(t, err)
 	out, err := idem.Middleware(e.charge(nil, nil))(message.NewMessage("m1", []byte("o-1")))
 	require.NoError(t, err)
 	require.Len(t, out, 1)
 	require.Len(t, events, 1)
-	require.Equal(t, middleware.OutcomeProcessed, events[0].Outcome)
+	require.Equal(t, idempotency.OutcomeProcessed, events[0].Outcome)
 	require.True(t, events[0].CompletedByHandler)
 }

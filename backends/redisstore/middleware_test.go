@@ -19,7 +19,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
 	"github.com/watermill-idempotency/idempotency/internal/fleet"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
-	"github.com/watermill-idempotency/idempotency/middleware"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 // Redis stops answering while a handler runs. The keeper's renewals time
@@ -33,7 +33,7 @@ func TestRedisUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 	})
 	store := newStore(t, client)
 	const ttl = 2 * time.Second // a 200ms margin: room for a loaded, race-instrumented test run
-	idem, err := middleware.New(middleware.Config{Store: store, Namespace: "t", LeaseTTL: ttl})
+	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "t", LeaseTTL: ttl})
 	require.NoError(t, err)
 
 	var cancelledAt time.Time
@@ -45,8 +45,8 @@ func TestRedisUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 		r.Resume()
 		return nil, msg.Context().Err()
 	})(message.NewMessage("m1", nil))
-	require.ErrorIs(t, err, middleware.ErrLeaseLost, "nacked")
-	require.ErrorIs(t, cause, middleware.ErrLeaseLost)
+	require.ErrorIs(t, err, idempotency.ErrLeaseLost, "nacked")
+	require.ErrorIs(t, cause, idempotency.ErrLeaseLost)
 
 	// The server and this test share a clock (same machine), so the two
 	// times compare: the handler was stopped while the lease still held.
@@ -90,7 +90,7 @@ func redisStorm(t *testing.T, addr string) {
 func TestHappyPathRoundTrips(t *testing.T) {
 	var calls atomic.Int64
 	store := fleet.Counted(newStore(t, testserver.RedisClient(t)), &calls)
-	idem, err := middleware.New(middleware.Config{Store: store, Namespace: "rt"})
+	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "rt"})
 	require.NoError(t, err)
 	h := idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	_, err = h(message.NewMessage("m1", nil))
@@ -184,8 +184,8 @@ func TestLeaseKeptWhileAcquiresSaturateThePool(t *testing.T) {
 			var unblock sync.Once
 			t.Cleanup(func() { unblock.Do(func() { close(hold) }); _ = client.Close() })
 			store := &renewCounter{Store: newStore(t, client)}
-			counters := &middleware.Counters{}
-			idem, err := middleware.New(middleware.Config{
+			counters := &idempotency.Counters{}
+			idem, err := idempotency.New(idempotency.Config{
 				Store: store, Namespace: "pool", Observer: counters,
 				LeaseTTL:              3 * time.Second, // renewed every second; a 300ms margin
 				MaxConcurrentAcquires: tc.bound,
@@ -232,10 +232,10 @@ func TestLeaseKeptWhileAcquiresSaturateThePool(t *testing.T) {
 			if tc.kept {
 				require.NoError(t, err)
 				require.False(t, cancelled.Load())
-				require.EqualValues(t, 17, counters.Count(middleware.OutcomeProcessed))
+				require.EqualValues(t, 17, counters.Count(idempotency.OutcomeProcessed))
 			} else {
-				require.ErrorIs(t, err, middleware.ErrLeaseLost)
-				require.EqualValues(t, 1, counters.Count(middleware.OutcomeLeaseLost))
+				require.ErrorIs(t, err, idempotency.ErrLeaseLost)
+				require.EqualValues(t, 1, counters.Count(idempotency.OutcomeLeaseLost))
 			}
 		})
 	}
@@ -255,10 +255,10 @@ func TestWrongTypeIsRejected(t *testing.T) {
 
 	var calls atomic.Int64
 	store := fleet.Counted(s, &calls)
-	idem, err := middleware.New(middleware.Config{Store: store, Namespace: "t", MaxStoreBackoff: 10 * time.Millisecond})
+	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "t", MaxStoreBackoff: 10 * time.Millisecond})
 	require.NoError(t, err)
 	_, err = idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("k", nil))
-	require.ErrorIs(t, err, middleware.ErrStore)
+	require.ErrorIs(t, err, idempotency.ErrStore)
 	require.ErrorIs(t, err, backends.ErrRejected)
 	require.EqualValues(t, 1, calls.Load(), "not retried")
 }

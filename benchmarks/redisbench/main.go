@@ -40,7 +40,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
 	"github.com/watermill-idempotency/idempotency/benchmarks/internal/load"
-	"github.com/watermill-idempotency/idempotency/middleware"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 func main() {
@@ -133,7 +133,7 @@ func run(addr string, clients int, duration time.Duration, requests, messages, r
 	if err != nil {
 		return err
 	}
-	idem, err := middleware.New(middleware.Config{Store: store})
+	idem, err := idempotency.New(idempotency.Config{Store: store})
 	if err != nil {
 		return err
 	}

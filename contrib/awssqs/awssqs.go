@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -14,7 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/watermill-idempotency/idempotency/middleware"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 // ReceiptHandleKey is the metadata key under which [Unmarshaler] records a
@@ -52,21 +53,21 @@ func (u Unmarshaler) Unmarshal(m *types.Message) (*message.Message, error) {
 
 var _ wsqs.Unmarshaler = Unmarshaler{}
 
-// Client is what [Defer] needs from the SQS client (a *sqs.Client).
+// Client is what [Defer] needs from the SQS client: a *sqs.Client.
 type Client interface {
 	ChangeMessageVisibility(ctx context.Context, in *sqs.ChangeMessageVisibilityInput, optFns ...func(*sqs.Options)) (*sqs.ChangeMessageVisibilityOutput, error)
+	GetQueueUrl(ctx context.Context, in *sqs.GetQueueUrlInput, optFns ...func(*sqs.Options)) (*sqs.GetQueueUrlOutput, error)
 }
 
 // DeferConfig configures [Defer].
 type DeferConfig struct {
-	// Client changes the visibility. Required.
+	// Client changes the visibility and looks queues up. Required.
 	Client Client
 	// QueueURL returns the queue URL for the topic the message was received
-	// from. Required unless SQSClient is set; defaults to looking the queue
-	// up by name with SQSClient, cached.
+	// from. Defaults to looking up the queue named as the topic (the
+	// watermill-aws default) with Client, cached; set it if your
+	// subscriber maps topics to queues otherwise.
 	QueueURL func(ctx context.Context, topic string) (string, error)
-	// SQSClient is used by the default QueueURL.
-	SQSClient *sqs.Client
 	// MaxDelay caps the visibility set. Defaults to MaxVisibilityTimeout.
 	MaxDelay time.Duration
 	// Logger reports failures to change the visibility (the message then
@@ -90,20 +91,19 @@ func NewDefer(cfg DeferConfig) (*Defer, error) {
 		return nil, fmt.Errorf("%w: Client is required", ErrInvalidConfig)
 	}
 	if cfg.QueueURL == nil {
-		if cfg.SQSClient == nil {
-			return nil, fmt.Errorf("%w: QueueURL or SQSClient is required", ErrInvalidConfig)
-		}
-		resolver := wsqs.NewGetQueueUrlByNameUrlResolver(wsqs.GetQueueUrlByNameUrlResolverConfig{})
-		client := cfg.SQSClient
+		client := cfg.Client
+		var cache sync.Map // topic -> URL
 		cfg.QueueURL = func(ctx context.Context, topic string) (string, error) {
-			res, err := resolver.ResolveQueueUrl(ctx, wsqs.ResolveQueueUrlParams{Topic: topic, SqsClient: client, Logger: watermill.NopLogger{}})
+			if url, ok := cache.Load(topic); ok {
+				return url.(string), nil
+			}
+			res, err := client.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(topic)})
 			if err != nil {
-				return "", err
+				return "", fmt.Errorf("awssqs: queue %s: %w", topic, err)
 			}
-			if res.QueueURL == nil {
-				return "", fmt.Errorf("awssqs: queue %s not found", topic)
-			}
-			return string(*res.QueueURL), nil
+			url := aws.ToString(res.QueueUrl)
+			cache.Store(topic, url)
+			return url, nil
 		}
 	}
 	if cfg.MaxDelay == 0 {
@@ -126,7 +126,7 @@ func (d *Defer) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		handle := msg.Metadata.Get(ReceiptHandleKey)
 		delete(msg.Metadata, ReceiptHandleKey)
 		out, err := h(msg)
-		var ipe *middleware.InProgressError
+		var ipe *idempotency.InProgressError
 		if handle != "" && errors.As(err, &ipe) {
 			d.delay(msg, handle, ipe.Remaining)
 		}

@@ -23,7 +23,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/contrib/awssqs"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
-	"github.com/watermill-idempotency/idempotency/middleware"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 type delivery struct {
@@ -49,7 +49,7 @@ func run(t *testing.T, endpoint string, withDefer bool, holdFor time.Duration) [
 	store := memstore.New(memstore.Options{})
 	holder, err := store.Acquire(ctx, backends.AcquireRequest{Key: "charge:order-1", Owner: "other-worker", LeaseTTL: holdFor, Retention: time.Hour})
 	require.NoError(t, err)
-	idem, err := middleware.New(middleware.Config{
+	idem, err := idempotency.New(idempotency.Config{
 		Store: store, Namespace: "charge", Key: keyfunc.JSONField("order_id"),
 		InProgressWait: -1, // nack at once, to see when SQS brings it back
 	})
@@ -82,7 +82,7 @@ func run(t *testing.T, endpoint string, withDefer bool, holdFor time.Duration) [
 	require.NoError(t, err)
 	chain := []message.HandlerMiddleware{record}
 	if withDefer {
-		deferrer, err := awssqs.NewDefer(awssqs.DeferConfig{Client: client, SQSClient: client})
+		deferrer, err := awssqs.NewDefer(awssqs.DeferConfig{Client: client})
 		require.NoError(t, err)
 		chain = append(chain, deferrer.Middleware)
 	}
@@ -127,7 +127,7 @@ func TestDeferDelaysAnInFlightDuplicate(t *testing.T) {
 	t.Run("with Defer", func(t *testing.T) {
 		seen := run(t, endpoint, true, holdFor)
 		require.Len(t, seen, 2, "one nack, then the run")
-		require.ErrorIs(t, seen[0].err, middleware.ErrInProgress)
+		require.ErrorIs(t, seen[0].err, idempotency.ErrInProgress)
 		gap := seen[1].at.Sub(seen[0].at)
 		require.Greater(t, gap, 4*time.Second, "the redelivery waited for the holder's lease, not the 1s visibility timeout")
 		for _, d := range seen {
@@ -136,7 +136,7 @@ func TestDeferDelaysAnInFlightDuplicate(t *testing.T) {
 	})
 	t.Run("without Defer", func(t *testing.T) {
 		seen := run(t, endpoint, false, holdFor)
-		require.ErrorIs(t, seen[0].err, middleware.ErrInProgress)
+		require.ErrorIs(t, seen[0].err, idempotency.ErrInProgress)
 		require.Less(t, seen[1].at.Sub(seen[0].at), 3*time.Second, "the queue's 1s visibility timeout brings it back early")
 	})
 }
@@ -152,10 +152,8 @@ func TestNewDeferValidates(t *testing.T) {
 	_, err := awssqs.NewDefer(awssqs.DeferConfig{})
 	require.ErrorIs(t, err, awssqs.ErrInvalidConfig)
 	client := sqs.NewFromConfig(aws.Config{Region: "us-east-1"})
-	_, err = awssqs.NewDefer(awssqs.DeferConfig{Client: client})
-	require.ErrorIs(t, err, awssqs.ErrInvalidConfig, "no way to find the queue URL")
-	_, err = awssqs.NewDefer(awssqs.DeferConfig{Client: client, SQSClient: client, MaxDelay: 13 * time.Hour})
+	_, err = awssqs.NewDefer(awssqs.DeferConfig{Client: client, MaxDelay: 13 * time.Hour})
 	require.ErrorIs(t, err, awssqs.ErrInvalidConfig)
-	_, err = awssqs.NewDefer(awssqs.DeferConfig{Client: client, SQSClient: client})
+	_, err = awssqs.NewDefer(awssqs.DeferConfig{Client: client})
 	require.NoError(t, err)
 }

@@ -15,11 +15,17 @@
 // metadata before any handler sees it, so it never leaks into messages
 // the handler produces or into a poison queue.
 //
-//	sub, _ := sqs.NewSubscriber(sqs.SubscriberConfig{
+//	sub, err := sqs.NewSubscriber(sqs.SubscriberConfig{
 //		AWSConfig:   cfg,
 //		Unmarshaler: awssqs.Unmarshaler{},
 //	}, logger)
-//	deferrer, _ := awssqs.NewDefer(awssqs.DeferConfig{Client: sqsClient})
+//	if err != nil {
+//		return err
+//	}
+//	deferrer, err := awssqs.NewDefer(awssqs.DeferConfig{Client: sqsClient}) // a *sqs.Client
+//	if err != nil {
+//		return err
+//	}
 //	router.AddMiddleware(poisonQueue, deferrer.Middleware, idem.Middleware)
 //
 // It lives in its own module so that the core library does not depend on

@@ -27,7 +27,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
-	"github.com/watermill-idempotency/idempotency/middleware"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 func main() {
@@ -110,27 +110,27 @@ func run(ctx context.Context, w io.Writer) (Summary, error) {
 	for _, d := range deliveries {
 		orderOf[d.uuid] = d.order
 	}
-	observer := middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) {
+	observer := idempotency.ObserverFunc(func(_ context.Context, ev idempotency.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		order := orderOf[ev.MessageUUID]
 		var what string
 		switch ev.Outcome {
-		case middleware.OutcomeProcessed:
+		case idempotency.OutcomeProcessed:
 			sum.Processed++
 			what = fmt.Sprintf("processed (fencing token %d, attempt %d)", ev.Lease.Token, ev.Lease.Attempt)
 			if ev.Lease.Attempt > 1 {
 				sum.Retried++
 				what = fmt.Sprintf("retried and processed (attempt %d)", ev.Lease.Attempt)
 			}
-		case middleware.OutcomeDuplicate:
+		case idempotency.OutcomeDuplicate:
 			sum.Duplicates++
 			what = "dropped duplicate: already processed, handler not run"
 			if ev.Waited > 0 {
 				sum.DuplicatesAfterWaiting++
 				what = fmt.Sprintf("waited %v for the copy in progress, then dropped duplicate", ev.Waited.Round(10*time.Millisecond))
 			}
-		case middleware.OutcomeHandlerFailed:
+		case idempotency.OutcomeHandlerFailed:
 			sum.FailedAttempts++
 			what = fmt.Sprintf("failed (%v): lease released, nacked for redelivery", ev.Err)
 		default:
@@ -143,7 +143,7 @@ func run(ctx context.Context, w io.Writer) (Summary, error) {
 		}
 	})
 
-	idem, err := middleware.New(middleware.Config{
+	idem, err := idempotency.New(idempotency.Config{
 		Store:    memstore.New(memstore.Options{}),
 		Key:      keyfunc.JSONField("order_id"),
 		LeaseTTL: 2 * time.Second,
@@ -226,8 +226,14 @@ func run(ctx context.Context, w io.Writer) (Summary, error) {
 		keys = append(keys, fmt.Sprintf("%s×%d", k, n))
 	}
 	sort.Strings(keys)
-	fmt.Fprintf(w, "\nSummary: %d messages for %d orders: %d processed (%d after a retry), %d dropped duplicates (%d after waiting), %d failed attempt retried.\n",
+	fmt.Fprintf(w, "\nCharges per order: %s\n", strings.Join(keys, " "))
+	fmt.Fprintf(w, "Summary: %d messages for %d orders: %d processed (%d after a retry), %d dropped duplicates (%d after waiting), %d failed attempt retried.\n",
 		sum.Sent, sum.Orders, sum.Processed, sum.Retried, sum.Duplicates, sum.DuplicatesAfterWaiting, sum.FailedAttempts)
-	fmt.Fprintf(w, "Charges per order: %s — every order charged exactly once.\n", strings.Join(keys, " "))
-	return sum, sum.check()
+	verdict := sum.check()
+	if verdict != nil {
+		fmt.Fprintf(w, "Check FAILED: %v\n", verdict)
+	} else {
+		fmt.Fprintf(w, "Check: %d orders charged once each, %d messages settled, none lost.\n", sum.Orders, sum.Sent)
+	}
+	return sum, verdict
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
-	"github.com/watermill-idempotency/idempotency/middleware"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 // countingStore counts Acquire calls.
@@ -34,7 +34,7 @@ func (c *countingStore) Acquire(ctx context.Context, req backends.AcquireRequest
 // idem, with the subscriber's default NackResendSleep (none: a nacked
 // entry is resent at once), and returns a function that publishes a
 // payload to the stream. Everything stops when the test ends.
-func streamRouter(t *testing.T, client *redis.Client, stream string, idem *middleware.Idempotency, h message.NoPublishHandlerFunc) func(payload string) {
+func streamRouter(t *testing.T, client *redis.Client, stream string, idem *idempotency.Idempotency, h message.NoPublishHandlerFunc) func(payload string) {
 	t.Helper()
 	t.Cleanup(func() { client.Del(context.Background(), stream) })
 	logger := watermill.NopLogger{}
@@ -81,7 +81,7 @@ func acquiresWhileHeld(t *testing.T, wait time.Duration, hold time.Duration) int
 		t.Fatal(err)
 	}
 
-	idem, err := middleware.New(middleware.Config{
+	idem, err := idempotency.New(idempotency.Config{
 		Store: store, Namespace: "charge", Key: keyfunc.JSONField("order_id"),
 		LeaseTTL: time.Minute, InProgressWait: wait,
 	})
@@ -130,7 +130,7 @@ func acquiresDuringOutage(t *testing.T, maxBackoff, outage time.Duration) int64 
 
 	client := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR", "127.0.0.1:6379")})
 	t.Cleanup(func() { _ = client.Close() })
-	idem, err := middleware.New(middleware.Config{Store: store, Namespace: "charge", Key: keyfunc.JSONField("order_id"), MaxStoreBackoff: maxBackoff})
+	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "charge", Key: keyfunc.JSONField("order_id"), MaxStoreBackoff: maxBackoff})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func acquiresDuringOutage(t *testing.T, maxBackoff, outage time.Duration) int64 
 // with the backoff cut to 1ms, shows the storm it prevents.
 func TestStoreOutageOnRedisStreams(t *testing.T) {
 	const outage = 6 * time.Second
-	guarded := acquiresDuringOutage(t, middleware.DefaultMaxStoreBackoff, outage)
+	guarded := acquiresDuringOutage(t, idempotency.DefaultMaxStoreBackoff, outage)
 	control := acquiresDuringOutage(t, time.Millisecond, outage)
 	t.Logf("store Acquire calls during a %v store outage on Redis Streams: %d (%.1f/s) with the default MaxStoreBackoff, %d (%.1f/s) with 1ms",
 		outage, guarded, float64(guarded)/outage.Seconds(), control, float64(control)/outage.Seconds())

@@ -6,6 +6,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/watermill-idempotency/idempotency/examples/internal/output"
 )
 
 // The example end to end against the real Redis ($REDIS_ADDR, default
@@ -23,6 +25,9 @@ func TestRedisStreamsExample(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	t.Log("\n" + out.String())
+	if err := output.EndsWithVerdict(out.String(), "Check: 52 orders charged once each"); err != nil {
+		t.Fatal(err)
+	}
 	for order, n := range rep.ChargesPerOrder {
 		if n != 1 {
 			t.Errorf("order %s charged %d times", order, n)
@@ -39,5 +44,27 @@ func TestRedisStreamsExample(t *testing.T) {
 	}
 	if rep.SlowOrderDeliveries < 2 || !rep.SlowOrderCaught || rep.DuplicatesAfterWait < 1 {
 		t.Errorf("the claim of the slow order was not caught by the lease: %+v", rep)
+	}
+}
+
+// The check behind the printed verdict fails on what it must catch.
+func TestReportCheckCatchesFailures(t *testing.T) {
+	good := func() Report {
+		return Report{Orders: 2, ChargesPerOrder: map[string]int64{"a": 1, "b": 1}, Processed: 2, FailedAttempts: 1,
+			SlowOrderDeliveries: 2, SlowOrderCaught: true}
+	}
+	if err := good().Check(); err != nil {
+		t.Fatal(err)
+	}
+	for name, bad := range map[string]func(r *Report){
+		"an order charged twice":        func(r *Report) { r.ChargesPerOrder["a"] = 2 },
+		"an order lost":                 func(r *Report) { delete(r.ChargesPerOrder, "b"); r.Processed = 1 },
+		"the slow order's claim missed": func(r *Report) { r.SlowOrderCaught = false },
+	} {
+		r := good()
+		bad(&r)
+		if r.Check() == nil {
+			t.Errorf("%s: the check passed", name)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watermill-idempotency/idempotency/examples/internal/output"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 )
 
@@ -30,6 +31,9 @@ func TestSQSExample(t *testing.T) {
 				t.Fatalf("%v\n%s", err, out.String())
 			}
 			t.Log("\n" + out.String())
+			if err := output.EndsWithVerdict(out.String(), "Check: 22 orders charged once each"); err != nil {
+				t.Fatal(err)
+			}
 			for order, n := range rep.ChargesPerOrder {
 				if n != 1 {
 					t.Errorf("order %s charged %d times", order, n)
@@ -44,9 +48,31 @@ func TestSQSExample(t *testing.T) {
 			if rep.FailedAttempts != 1 {
 				t.Errorf("%d failed attempts; want the flaky order's one, retried after the visibility timeout", rep.FailedAttempts)
 			}
-			if rep.SlowOrderDeliveries < 2 || !rep.SlowOrderCaught {
-				t.Errorf("the visibility-timeout redelivery of the slow order was not caught: %+v", rep)
+			if rep.SlowOrderDeliveries < 2 || !rep.SlowOrderCaught || rep.Deferred < 1 {
+				t.Errorf("the slow order's in-flight copies were not deferred and caught: %+v", rep)
 			}
 		})
+	}
+}
+
+// The check behind the printed verdict fails on what it must catch.
+func TestReportCheckCatchesFailures(t *testing.T) {
+	good := func() Report {
+		return Report{Orders: 2, ChargesPerOrder: map[string]int{"a": 1, "b": 1}, FailedAttempts: 1,
+			SlowOrderDeliveries: 2, SlowOrderCaught: true, Deferred: 1}
+	}
+	if err := good().Check(); err != nil {
+		t.Fatal(err)
+	}
+	for name, bad := range map[string]func(r *Report){
+		"an order charged twice": func(r *Report) { r.ChargesPerOrder["a"] = 2 },
+		"an order lost":          func(r *Report) { delete(r.ChargesPerOrder, "b") },
+		"nothing deferred":       func(r *Report) { r.Deferred = 0 },
+	} {
+		r := good()
+		bad(&r)
+		if r.Check() == nil {
+			t.Errorf("%s: the check passed", name)
+		}
 	}
 }

@@ -24,7 +24,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	"github.com/watermill-idempotency/idempotency/middleware"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 // Topic is the topic every instance consumes; Namespace is every key's.
@@ -51,7 +51,7 @@ type Storm struct {
 	Store func(t testing.TB, i int) backends.Store
 	// Configure adjusts every instance's middleware config (Store, Key,
 	// Namespace and Observer are set by the storm).
-	Configure func(c *middleware.Config)
+	Configure func(c *idempotency.Config)
 	// Effects is where the handlers apply their effects. Defaults to a new
 	// [Sink], written by the default handler.
 	Effects Effects
@@ -98,16 +98,16 @@ func (s Storm) Run(t testing.TB) Report {
 		if s.Flaky > 0 {
 			store.Store = &flaky{Store: store.Store, rate: s.Flaky}
 		}
-		counters := &middleware.Counters{}
+		counters := &idempotency.Counters{}
 		st.counters = append(st.counters, counters)
-		cfg := middleware.Config{}
+		cfg := idempotency.Config{}
 		if s.Configure != nil {
 			s.Configure(&cfg)
 		}
 		cfg.Store, cfg.Namespace = store, Namespace
 		cfg.Key = payloadKey{}
 		cfg.Observer = observer{counters: counters, st: st}
-		idem, err := middleware.New(cfg)
+		idem, err := idempotency.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -128,7 +128,7 @@ func (s Storm) Run(t testing.TB) Report {
 
 func defaultHandler(sink *Sink) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		lease, ok := middleware.LeaseFromContext(msg.Context())
+		lease, ok := idempotency.LeaseFromContext(msg.Context())
 		if !ok {
 			return nil, errors.New("fleet: no lease in the handler's context")
 		}
@@ -190,7 +190,7 @@ func publishCopies(t testing.TB, pubs []*gochannel.GoChannel, keys, copies int) 
 // state is what a running storm collects.
 type state struct {
 	effects  Effects
-	counters []*middleware.Counters
+	counters []*idempotency.Counters
 	calls    atomic.Int64
 
 	mu            sync.Mutex
@@ -201,11 +201,11 @@ type state struct {
 // observer counts outcomes and checks, at the moment a delivery is about
 // to be acked, that its key's effect has been applied.
 type observer struct {
-	counters *middleware.Counters
+	counters *idempotency.Counters
 	st       *state
 }
 
-func (o observer) Observe(ctx context.Context, ev middleware.Event) {
+func (o observer) Observe(ctx context.Context, ev idempotency.Event) {
 	if ev.Outcome.Acked() {
 		ok, err := o.st.effects.Applied(ev.Key)
 		o.st.mu.Lock()
@@ -221,7 +221,7 @@ func (o observer) Observe(ctx context.Context, ev middleware.Event) {
 	o.counters.Observe(ctx, ev)
 }
 
-func (st *state) count(o middleware.Outcome) (n int64) {
+func (st *state) count(o idempotency.Outcome) (n int64) {
 	for _, c := range st.counters {
 		n += c.Count(o)
 	}
@@ -229,7 +229,7 @@ func (st *state) count(o middleware.Outcome) (n int64) {
 }
 
 func (st *state) acked() (n int64) {
-	for _, o := range middleware.Outcomes() {
+	for _, o := range idempotency.Outcomes() {
 		if o.Acked() {
 			n += st.count(o)
 		}
@@ -239,7 +239,7 @@ func (st *state) acked() (n int64) {
 
 func (st *state) outcomes() map[string]int64 {
 	m := map[string]int64{}
-	for _, o := range middleware.Outcomes() {
+	for _, o := range idempotency.Outcomes() {
 		if n := st.count(o); n != 0 {
 			m[o.String()] = n
 		}
@@ -321,11 +321,11 @@ func (st *state) report(t testing.TB, s Storm, elapsed time.Duration) Report {
 
 // NotRecorded counts deliveries acked without their completion recorded.
 func (r Report) NotRecorded() int64 {
-	return r.Outcomes[middleware.OutcomeProcessedNotRecorded.String()]
+	return r.Outcomes[idempotency.OutcomeProcessedNotRecorded.String()]
 }
 
 // LeasesLost counts deliveries whose lease was lost while they ran.
-func (r Report) LeasesLost() int64 { return r.Outcomes[middleware.OutcomeLeaseLost.String()] }
+func (r Report) LeasesLost() int64 { return r.Outcomes[idempotency.OutcomeLeaseLost.String()] }
 
 // String is the report on one line.
 func (r Report) String() string {

@@ -1,0 +1,46 @@
+package docs
+
+import (
+	"math"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/keyfunc"
+)
+
+// snippet:migrating
+import (
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
+)
+
+// end snippet
+
+var _ = migrating
+
+func migrating(router *message.Router, repo middleware.ExpiringKeyRepository, store backends.Store) error {
+	// snippet:migrating
+	// Before
+	dedup := &middleware.Deduplicator{
+		KeyFactory: middleware.NewMessageHasherSHA256(math.MaxInt64),
+		Repository: repo,
+		Timeout:    time.Minute,
+	}
+	router.AddMiddleware(dedup.Middleware)
+
+	// After
+	idem, err := idempotency.New(idempotency.Config{
+		Store:     store,                 // memstore, redisstore or pgstore
+		Key:       keyfunc.PayloadHash(), // the equivalent of NewMessageHasherSHA256
+		Retention: time.Minute,           // the Deduplicator's window; usually you want longer
+	})
+	if err != nil {
+		return err
+	}
+	router.AddMiddleware(idem.Middleware)
+	// end snippet
+	return nil
+}

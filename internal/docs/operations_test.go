@@ -1,0 +1,35 @@
+package docs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
+
+var _, _ = inspect, deleteKey
+
+func inspect(ctx context.Context, store backends.Store) error {
+	// snippet:inspect
+	rec, err := store.Inspect(ctx, "charge-order:order-42")
+	if errors.Is(err, backends.ErrNotFound) {
+		// never seen, or its retention has passed
+	}
+	fmt.Println(rec.State, rec.Owner, rec.Token, rec.Attempt, rec.LeaseExpiresAt, rec.CompletedAt, rec.ExpiresAt)
+
+	// The messages a duplicate of a completed key gets replayed:
+	out, err := backends.DecodeOutput(rec.Output)
+	for _, msg := range out {
+		fmt.Println(msg.UUID, msg.Metadata, len(msg.Payload))
+	}
+	// end snippet
+	return err
+}
+
+func deleteKey(ctx context.Context, store backends.Store) error {
+	// snippet:delete
+	err := store.Delete(ctx, "charge-order:order-42")
+	// end snippet
+	return err
+}
