@@ -18,7 +18,7 @@
 //
 //   - Acquire is one atomic step on the server: never read-then-write from
 //     the client. Exactly one of any number of concurrent callers for a free
-//     key gets [OutcomeAcquired].
+//     key gets [Acquired].
 //   - Acquire is re-entrant: the owner that already holds the lease gets the
 //     same lease back (same fencing token), with its expiry extended. This is
 //     what makes retrying an Acquire after an ambiguous timeout safe.
@@ -42,8 +42,11 @@
 //   - Every store refuses alike, before asking its server, a request
 //     beyond the contract's limits ([MaxKeyBytes], [MaxOwnerBytes],
 //     [MaxDuration]), with an error wrapping [ErrInvalidRequest]
-//     ([AcquireRequest.Validate], [ValidateLease] and [ValidateTTL] do the
-//     checking).
+//     ([AcquireRequest.Validate], [Lease.Validate], [ValidateLeaseTTL] and
+//     [ValidateRetention] do the checking).
+//   - Retention is given once, at Acquire: a completed record is kept for
+//     it from the completion, a released or expired one from its lease's
+//     end.
 //
 // # Errors
 //

@@ -307,7 +307,7 @@ func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byt
 // if tx commits, the work, its completion and its output are recorded
 // together; if it rolls back, none is, and the key is retried. tx may be
 // any [DB], a pgx.Tx most usefully; take the lease from the handler's
-// context (middleware.LeaseFromContext). The middleware notices that the
+// context (LeaseFromContext in the middleware package). The middleware notices that the
 // handler completed the key and does not complete it again; a duplicate
 // gets output replayed, so pass exactly what the handler returns.
 func (s *Store) CompleteTx(ctx context.Context, tx DB, lease backends.Lease, output []*message.Message) error {

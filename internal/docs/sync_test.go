@@ -39,7 +39,7 @@ var root = func() string {
 
 var (
 	markerRE = regexp.MustCompile(`^<!-- snippet: ([^#\s]+)#(\S+) -->$`)
-	fenceRE  = regexp.MustCompile("^```(go|sql)$")
+	fenceRE  = regexp.MustCompile("^( *)```(go|sql)$")
 )
 
 // docFiles lists the Markdown files whose code blocks must come from
@@ -78,7 +78,7 @@ func region(file, name string) (string, error) {
 			in, cur = true, nil
 		case in && (trimmed == "// end snippet" || trimmed == "-- end snippet"):
 			in = false
-			parts = append(parts, dedent(cur))
+			parts = append(parts, trimBlank(dedent(cur)))
 		case in:
 			cur = append(cur, line)
 		}
@@ -94,6 +94,38 @@ func region(file, name string) (string, error) {
 		joined[i] = strings.Join(p, "\n")
 	}
 	return strings.Join(joined, "\n\n"), nil
+}
+
+// unindent joins a block's lines, less the indentation of its fence (a
+// block inside a list item).
+func unindent(lines []string, indent string) string {
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		out[i] = strings.TrimPrefix(l, indent)
+	}
+	return strings.Join(out, "\n")
+}
+
+// reindent indents every non-empty line of text by indent.
+func reindent(text, indent string) string {
+	lines := strings.Split(text, "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = indent + l
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// trimBlank drops blank lines at both ends.
+func trimBlank(lines []string) []string {
+	for len(lines) > 0 && lines[0] == "" {
+		lines = lines[1:]
+	}
+	for len(lines) > 0 && lines[len(lines)-1] == "" {
+		lines = lines[:len(lines)-1]
+	}
+	return lines
 }
 
 // dedent removes the indentation common to every non-blank line.
@@ -134,22 +166,23 @@ func TestSnippetsMatchSources(t *testing.T) {
 			if m == nil {
 				continue
 			}
+			indent := m[1]
 			end := i + 1
-			for end < len(lines) && lines[end] != "```" {
+			for end < len(lines) && lines[end] != indent+"```" {
 				end++
 			}
 			if end == len(lines) {
 				t.Errorf("%s:%d: code block not closed", file, i+1)
 				break
 			}
-			body := strings.Join(lines[i+1:end], "\n")
+			body := unindent(lines[i+1:end], indent)
 			prev := ""
 			if i > 0 {
 				prev = strings.TrimSpace(lines[i-1])
 			}
 			mk := markerRE.FindStringSubmatch(prev)
 			if mk == nil {
-				t.Errorf("%s:%d: a %s block without a source: put <!-- snippet: FILE#REGION --> on the line before it", file, i+1, m[1])
+				t.Errorf("%s:%d: a %s block without a source: put <!-- snippet: FILE#REGION --> on the line before it", file, i+1, m[2])
 				out = append(out, lines[i+1:end+1]...)
 				i = end
 				continue
@@ -168,7 +201,7 @@ func TestSnippetsMatchSources(t *testing.T) {
 					want = body
 				}
 			}
-			out = append(out, want, "```")
+			out = append(out, reindent(want, indent), indent+"```")
 			i = end
 		}
 		if changed {
