@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -242,8 +241,7 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 		}
 		// Sleep for the backoff interval with ±20% jitter, but wake when
 		// the holder's lease runs out and never past the deadline.
-		pause := time.Duration(float64(interval) * (0.8 + 0.4*rand.Float64()))
-		pause = min(pause, res.Remaining+time.Millisecond, left)
+		pause := min(jitter(interval), res.Remaining+time.Millisecond, left)
 		timer := time.NewTimer(pause)
 		select {
 		case <-d.msg.Context().Done():

@@ -274,12 +274,13 @@ func nilIfEmpty(b []byte) []byte {
 	return b
 }
 
-// held runs an UPDATE that matches only the lease's own live record.
-func (s *Store) held(ctx context.Context, op, sql string, lease backends.Lease, args ...any) error {
+// held runs on db (the store's own, or the caller's transaction) an
+// UPDATE that matches only the lease's own live record.
+func (s *Store) held(ctx context.Context, db DB, op, sql string, lease backends.Lease, args ...any) error {
 	if err := lease.Validate(); err != nil {
 		return err
 	}
-	tag, err := s.db.Exec(ctx, sql, append([]any{[]byte(lease.Key), lease.Owner, lease.Token}, args...)...)
+	tag, err := db.Exec(ctx, sql, append([]any{[]byte(lease.Key), lease.Owner, lease.Token}, args...)...)
 	if err != nil {
 		return opError(op, err)
 	}
@@ -294,7 +295,7 @@ func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Durati
 	if err := backends.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
-	return s.held(ctx, "renew", s.sql.renew, lease, us(ttl))
+	return s.held(ctx, s.db, "renew", s.sql.renew, lease, us(ttl))
 }
 
 // Complete implements [backends.Store].
@@ -315,12 +316,12 @@ func (s *Store) CompleteTx(ctx context.Context, tx DB, lease backends.Lease, out
 }
 
 func (s *Store) complete(ctx context.Context, db DB, lease backends.Lease, output []byte) error {
-	return (&Store{db: db, sql: s.sql}).held(ctx, "complete", s.sql.complete, lease, output)
+	return s.held(ctx, db, "complete", s.sql.complete, lease, output)
 }
 
 // Release implements [backends.Store].
 func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
-	return s.held(ctx, "release", s.sql.release, lease)
+	return s.held(ctx, s.db, "release", s.sql.release, lease)
 }
 
 // Inspect implements [backends.Store].
