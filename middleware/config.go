@@ -177,14 +177,24 @@ type Config struct {
 	// handler failed) at Trace. Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 
-	// Observer is told the outcome of every delivery, for metrics.
-	// Defaults to none. [*Counters] is a ready-made one.
+	// Observer is told the outcome of every delivery, for metrics and
+	// traces. Defaults to none (as does a nil pointer). [*Counters] is a ready-made one; combine
+	// several with [MultiObserver].
 	Observer Observer
+
+	// ReplayDropMetadata lists metadata keys removed from the stored
+	// messages replayed for a duplicate. A replayed message carries the
+	// metadata its handler gave it when it was first produced, trace
+	// propagation fields (traceparent, tracestate, baggage) included if
+	// the handler set them; dropping those keeps a replay from claiming
+	// the first delivery's trace. contrib/otel's PropagationKeys lists a
+	// propagator's fields. Defaults to none: replays are exact copies.
+	ReplayDropMetadata []string
 }
 
 // isNil reports whether s holds a nil pointer (or other nil value), such
 // as a *memstore.Store that was never created.
-func isNil(s backends.Store) bool {
+func isNil(s any) bool {
 	switch v := reflect.ValueOf(s); v.Kind() {
 	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
 		return v.IsNil()
@@ -231,6 +241,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
+	}
+	if c.Observer != nil && isNil(c.Observer) {
+		c.Observer = nil // a nil *Counters, say: no observer
 	}
 	return c
 }

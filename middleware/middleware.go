@@ -86,8 +86,9 @@ type delivery struct {
 func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*message.Message, error) {
 	d := &delivery{msg: msg, ctx: context.WithoutCancel(msg.Context())}
 	d.ev.MessageUUID = msg.UUID
+	d.ev.Handler = message.HandlerNameFromCtx(msg.Context())
 
-	key, err := m.key(msg)
+	key, err := m.key(msg, d.ev.Handler)
 	if err != nil {
 		if m.cfg.OnKeyError == KeyErrorProcess {
 			d.ev.Err = err
@@ -141,16 +142,23 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 			return m.storeError(d, fmt.Errorf("key %q: %w", key, err))
 		}
 		d.ev.Replayed = len(out)
+		for _, r := range out {
+			for _, k := range m.cfg.ReplayDropMetadata {
+				delete(r.Metadata, k)
+			}
+		}
 		return m.finish(d, OutcomeDuplicate, out, nil)
 	default:
 		return m.finish(d, OutcomeInProgress, nil, &InProgressError{Key: key, Remaining: res.Remaining, Waited: d.ev.Waited})
 	}
 }
 
-func (m *Idempotency) key(msg *message.Message) (string, error) {
+// key returns msg's full key: the namespace (handler, the router's handler
+// name, unless Config.Namespace is set), a colon, and the extracted key.
+func (m *Idempotency) key(msg *message.Message, handler string) (string, error) {
 	ns := m.cfg.Namespace
 	if ns == "" {
-		if ns = message.HandlerNameFromCtx(msg.Context()); ns == "" {
+		if ns = handler; ns == "" {
 			return "", &KeyError{MessageUUID: msg.UUID, Err: ErrNoNamespace}
 		}
 	}
@@ -403,6 +411,7 @@ func (m *Idempotency) runUnprotected(d *delivery, h message.HandlerFunc) ([]*mes
 	d.ev.HandlerDuration = time.Since(start)
 	if err != nil {
 		d.ev.Err = errors.Join(d.ev.Err, err)
+		d.ev.handlerFailed = true
 	}
 	m.finish(d, OutcomeUnprotected, nil, nil)
 	return out, err

@@ -84,7 +84,8 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
 
-// Acked reports whether a delivery with this outcome is acked.
+// Acked reports whether a delivery with this outcome is acked. It is false
+// for OutcomeUnprotected, whose fate is the handler's: see [Event.Acked].
 func (o Outcome) Acked() bool {
 	switch o {
 	case OutcomeProcessed, OutcomeProcessedNotRecorded, OutcomeDuplicate:
@@ -96,6 +97,9 @@ func (o Outcome) Acked() bool {
 // Event describes one delivery's outcome. Fields that do not apply are zero.
 type Event struct {
 	Outcome Outcome
+	// Handler is the name of the router handler the delivery came
+	// through, empty outside a router.
+	Handler string
 	// Key is the full key (empty for OutcomeKeyError).
 	Key         string
 	MessageUUID string
@@ -117,6 +121,20 @@ type Event struct {
 	// Err is the error returned to the router, or for
 	// OutcomeProcessedNotRecorded and OutcomeUnprotected the error behind it.
 	Err error
+
+	// handlerFailed is set when an unprotected handler returned an error.
+	handlerFailed bool
+}
+
+// Acked reports whether the middleware let the delivery succeed, so that
+// the router acks it once it has published the handler's output. It is
+// [Outcome.Acked], except that an OutcomeUnprotected delivery is acked
+// when its handler succeeded.
+func (e Event) Acked() bool {
+	if e.Outcome == OutcomeUnprotected {
+		return !e.handlerFailed
+	}
+	return e.Outcome.Acked()
 }
 
 // Observer is told about every delivery, synchronously, before the
@@ -131,6 +149,26 @@ type ObserverFunc func(ctx context.Context, ev Event)
 
 // Observe calls f(ctx, ev).
 func (f ObserverFunc) Observe(ctx context.Context, ev Event) { f(ctx, ev) }
+
+// MultiObserver returns an [Observer] that tells each of observers about
+// every delivery, in order. Nil observers are skipped.
+func MultiObserver(observers ...Observer) Observer {
+	list := make(multiObserver, 0, len(observers))
+	for _, o := range observers {
+		if o != nil {
+			list = append(list, o)
+		}
+	}
+	return list
+}
+
+type multiObserver []Observer
+
+func (m multiObserver) Observe(ctx context.Context, ev Event) {
+	for _, o := range m {
+		o.Observe(ctx, ev)
+	}
+}
 
 // Counters is an [Observer] that counts outcomes. The zero value is ready.
 type Counters struct {
