@@ -3,13 +3,18 @@ package memstore
 import (
 	"bytes"
 	"context"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/watermill-idempotency/idempotency/backends"
 )
 
-var _ backends.Store = (*Store)(nil)
+var (
+	_ backends.Store  = (*Store)(nil)
+	_ backends.Lister = (*Store)(nil)
+)
 
 // Options configures a [Store]. The zero value is ready to use.
 type Options struct {
@@ -227,6 +232,11 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 	if r == nil {
 		return backends.Record{}, backends.ErrNotFound
 	}
+	return r.export(key, now), nil
+}
+
+// export returns the record as Inspect reports it at now.
+func (r *record) export(key string, now time.Time) backends.Record {
 	rec := backends.Record{
 		Key:            key,
 		Owner:          r.owner,
@@ -248,7 +258,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 	default:
 		rec.State = backends.StateExpired
 	}
-	return rec, nil
+	return rec
 }
 
 // Delete implements [backends.Store].
@@ -263,4 +273,58 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	}
 	delete(s.records, key)
 	return nil
+}
+
+// List implements [backends.Lister]. It sorts the namespace's keys on
+// every call: meant for operators and tests, not for large stores.
+func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.ListPage, error) {
+	if err := req.Validate(); err != nil {
+		return backends.ListPage{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return backends.ListPage{}, err
+	}
+	after, _ := req.After()
+	prefix := req.Prefix()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	keys := make([]string, 0)
+	for k, r := range s.records {
+		if k > after && strings.HasPrefix(k, prefix) && now.Before(r.forgetAt) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	var page backends.ListPage
+	for _, k := range keys {
+		rec := s.records[k].export(k, now)
+		if req.State != 0 && rec.State != req.State {
+			continue
+		}
+		page.Records = append(page.Records, rec)
+		if len(page.Records) == req.Limit {
+			page.Cursor = backends.ListCursor(k)
+			break
+		}
+	}
+	return page, nil
+}
+
+// Count implements [backends.Lister].
+func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, error) {
+	if err := ctx.Err(); err != nil {
+		return backends.Counts{}, err
+	}
+	prefix := backends.ListRequest{Namespace: namespace}.Prefix()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var c backends.Counts
+	for k, r := range s.records {
+		if strings.HasPrefix(k, prefix) && now.Before(r.forgetAt) {
+			c.Add(r.export(k, now).State)
+		}
+	}
+	return c, nil
 }

@@ -20,6 +20,7 @@ import (
 var (
 	_ backends.Store     = (*Store)(nil)
 	_ backends.PoolSizer = (*Store)(nil)
+	_ backends.Lister    = (*Store)(nil)
 )
 
 // DB is what the store needs from Postgres. A *pgxpool.Pool, a *pgx.Conn
@@ -71,7 +72,7 @@ type Store struct {
 }
 
 type statements struct {
-	schema, acquire, renew, complete, release, inspect, delete, cleanup string
+	schema, acquire, renew, complete, release, inspect, list, count, delete, cleanup string
 }
 
 var (
@@ -129,8 +130,14 @@ func New(db DB, opts Options) (*Store, error) {
 			forget_at = now() + retention_us * interval '1 microsecond' WHERE ` + held,
 		release: `UPDATE ` + table + ` SET state = 2,
 			forget_at = now() + retention_us * interval '1 microsecond' WHERE ` + held,
-		inspect: `SELECT state, owner, token, attempt, lease_expires_at, completed_at, forget_at, fingerprint, output, now()
-			FROM ` + table + ` WHERE key = $1 AND forget_at > now()`,
+		inspect: `SELECT ` + recordColumns + ` FROM ` + table + ` WHERE key = $1 AND forget_at > now()`,
+		list: `SELECT ` + recordColumns + ` FROM ` + table + `
+			WHERE forget_at > now() AND key > $1 AND key >= $2 AND ($3::bytea IS NULL OR key < $3) AND ` + stateFilter + `
+			ORDER BY key LIMIT $5`,
+		count: `SELECT count(*) FILTER (WHERE state = 1 AND lease_expires_at > now()),
+				count(*) FILTER (WHERE state = 1 AND lease_expires_at <= now()),
+				count(*) FILTER (WHERE state = 2), count(*) FILTER (WHERE state = 3)
+			FROM ` + table + ` WHERE forget_at > now() AND key >= $1 AND ($2::bytea IS NULL OR key < $2)`,
 		delete: `WITH d AS (DELETE FROM ` + table + ` WHERE key = $1 RETURNING forget_at > now() AS live)
 			SELECT count(*) FILTER (WHERE live) FROM d`,
 		cleanup: `DELETE FROM ` + table + ` WHERE key IN (SELECT key FROM ` + table + `
@@ -161,6 +168,19 @@ func (s *Store) PoolSize() int { return s.poolSize }
 // owner, $3 token, $4 output), exactly as the store runs them: for review,
 // EXPLAIN, and running them under pgbench (benchmarks/pgbench does).
 func (s *Store) Statements() (acquire, complete string) { return s.sql.acquire, s.sql.complete }
+
+// Schema returns the SQL that Migrate runs: the schema, the table and its
+// index, each created if it does not exist. Give it to an external
+// migration tool instead of calling Migrate.
+func (s *Store) Schema() string {
+	var b strings.Builder
+	for line := range strings.Lines(s.sql.schema) {
+		if t := strings.TrimSpace(line); t != "-- end snippet" && !strings.HasPrefix(t, "-- snippet:") {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
+}
 
 // Options returns the store's options with defaults applied.
 func (s *Store) Options() Options { return s.opts }
@@ -326,22 +346,35 @@ func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
 
 // Inspect implements [backends.Store].
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
-	var (
-		state               int16
-		attempt             int32
-		rec                 = backends.Record{Key: key}
-		completedAt         *time.Time
-		now                 time.Time
-		fingerprint, output []byte
-	)
-	err := s.db.QueryRow(ctx, s.sql.inspect, []byte(key)).Scan(&state, &rec.Owner, &rec.Token, &attempt,
-		&rec.LeaseExpiresAt, &completedAt, &rec.ExpiresAt, &fingerprint, &output, &now)
+	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.inspect, []byte(key)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return backends.Record{}, backends.ErrNotFound
 	}
 	if err != nil {
 		return backends.Record{}, opError("inspect", err)
 	}
+	return rec, nil
+}
+
+// recordColumns are the columns scanRecord reads, in order.
+const recordColumns = `key, state, owner, token, attempt, lease_expires_at, completed_at, forget_at, fingerprint, output, now()`
+
+// scanRecord reads a row of recordColumns.
+func scanRecord(row pgx.Row) (backends.Record, error) {
+	var (
+		key                 []byte
+		state               int16
+		attempt             int32
+		rec                 backends.Record
+		completedAt         *time.Time
+		now                 time.Time
+		fingerprint, output []byte
+	)
+	if err := row.Scan(&key, &state, &rec.Owner, &rec.Token, &attempt,
+		&rec.LeaseExpiresAt, &completedAt, &rec.ExpiresAt, &fingerprint, &output, &now); err != nil {
+		return backends.Record{}, err
+	}
+	rec.Key = string(key)
 	rec.Attempt = int(attempt)
 	rec.Fingerprint, rec.Output = nilIfEmpty(fingerprint), nilIfEmpty(output)
 	switch {

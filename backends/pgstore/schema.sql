@@ -1,5 +1,7 @@
--- The idempotency records. {{.Table}} is the quoted, schema-qualified table
--- name; {{.Unlogged}} is UNLOGGED or empty. Every statement is idempotent.
+{{- /* The idempotency records: a template. .Table is the quoted,
+schema-qualified table name; .Unlogged is UNLOGGED or empty. Every
+statement is idempotent. */ -}}
+-- The idempotency middleware's records (backends/pgstore). Idempotent.
 CREATE SCHEMA IF NOT EXISTS {{.Schema}};
 
 -- snippet:schema

@@ -17,6 +17,7 @@ import (
 var (
 	_ backends.Store     = (*Store)(nil)
 	_ backends.PoolSizer = (*Store)(nil)
+	_ backends.Lister    = (*Store)(nil)
 )
 
 var (
@@ -250,6 +251,11 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 	if err != nil {
 		return backends.Record{}, opError(ctx, "inspect", err)
 	}
+	return parseRecord(key, vals)
+}
+
+// parseRecord reads the reply of inspect.lua for key.
+func parseRecord(key string, vals []any) (backends.Record, error) {
 	if len(vals) < 2 || len(vals)%2 != 0 {
 		return backends.Record{}, fmt.Errorf("redisstore: inspect: unexpected reply of %d values", len(vals))
 	}
@@ -275,18 +281,25 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 	if pttl >= 0 {
 		rec.ExpiresAt = now.Add(time.Duration(pttl) * time.Millisecond)
 	}
-	switch {
-	case f["s"] == "3":
-		rec.State = backends.StateCompleted
+	rec.State = state(f["s"], rec.LeaseExpiresAt, now)
+	if rec.State == backends.StateCompleted {
 		rec.CompletedAt = time.UnixMilli(num("ca"))
-	case f["s"] == "2":
-		rec.State = backends.StateReleased
-	case rec.LeaseExpiresAt.After(now):
-		rec.State = backends.StateInProgress
-	default:
-		rec.State = backends.StateExpired
 	}
 	return rec, nil
+}
+
+// state is the state of a record whose s field is s and whose lease
+// expires at leaseExpires, at now.
+func state(s string, leaseExpires, now time.Time) backends.State {
+	switch {
+	case s == "3":
+		return backends.StateCompleted
+	case s == "2":
+		return backends.StateReleased
+	case leaseExpires.After(now):
+		return backends.StateInProgress
+	}
+	return backends.StateExpired
 }
 
 // Delete implements [backends.Store].

@@ -38,15 +38,26 @@ type Fixture struct {
 // tests run in parallel.
 func Run(t *testing.T, newFixture func(t *testing.T) Fixture) {
 	t.Helper()
+	start := func(t *testing.T) *suite {
+		t.Parallel()
+		f := newFixture(t)
+		require.NotNil(t, f.Store, "Fixture.Store is required")
+		if f.Tick <= 0 {
+			f.Tick = 100 * time.Millisecond
+		}
+		return &suite{Fixture: f, prefix: uniquePrefix(t)}
+	}
 	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, start(t)) })
+	}
+	for _, tc := range listTests {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			f := newFixture(t)
-			require.NotNil(t, f.Store, "Fixture.Store is required")
-			if f.Tick <= 0 {
-				f.Tick = 100 * time.Millisecond
+			s := start(t)
+			l, ok := s.Store.(backends.Lister)
+			if !ok {
+				t.Skipf("%T does not implement backends.Lister", s.Store)
 			}
-			tc.fn(t, &suite{Fixture: f, prefix: uniquePrefix(t)})
+			tc.fn(t, s, l)
 		})
 	}
 }

@@ -1,0 +1,74 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
+
+// stateFilter keeps the rows in the state $4 (a backends.State; 0 for
+// any), judged by the server's clock as Inspect judges them.
+const stateFilter = `CASE $4::int
+	WHEN 0 THEN true
+	WHEN 1 THEN state = 1 AND lease_expires_at > now()
+	WHEN 2 THEN state = 1 AND lease_expires_at <= now()
+	WHEN 3 THEN state = 2
+	ELSE state = 3 END`
+
+// bounds returns the key range of a namespace: keys from prefix up to,
+// not including, upper; upper is nil for every key. prefix always ends
+// with ':', so the first key after the range ends with ';' instead.
+func bounds(prefix string) (lower, upper []byte) {
+	lower = []byte(prefix)
+	if prefix == "" {
+		return lower, nil
+	}
+	upper = []byte(prefix)
+	upper[len(upper)-1]++
+	return lower, upper
+}
+
+// List implements [backends.Lister]: keyset pagination on the table's
+// primary key, one indexed range scan per page. It needs a DB that can
+// run queries (a *pgxpool.Pool, *pgx.Conn or pgx.Tx).
+func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.ListPage, error) {
+	if err := req.Validate(); err != nil {
+		return backends.ListPage{}, err
+	}
+	q, ok := s.db.(interface {
+		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	})
+	if !ok {
+		return backends.ListPage{}, fmt.Errorf("pgstore: list: %T cannot run queries", s.db)
+	}
+	after, _ := req.After()
+	lower, upper := bounds(req.Prefix())
+	rows, err := q.Query(ctx, s.sql.list, []byte(after), lower, upper, int(req.State), req.Limit)
+	if err != nil {
+		return backends.ListPage{}, opError("list", err)
+	}
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (backends.Record, error) { return scanRecord(row) })
+	if err != nil {
+		return backends.ListPage{}, opError("list", err)
+	}
+	page := backends.ListPage{Records: recs}
+	if len(recs) == req.Limit {
+		page.Cursor = backends.ListCursor(recs[len(recs)-1].Key)
+	}
+	return page, nil
+}
+
+// Count implements [backends.Lister] with one aggregate over the
+// namespace's key range.
+func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, error) {
+	lower, upper := bounds(backends.ListRequest{Namespace: namespace}.Prefix())
+	var c backends.Counts
+	err := s.db.QueryRow(ctx, s.sql.count, lower, upper).Scan(&c.InProgress, &c.Expired, &c.Released, &c.Completed)
+	if err != nil {
+		return backends.Counts{}, opError("count", err)
+	}
+	return c, nil
+}

@@ -1,0 +1,236 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
+
+// stateScript returns {s, le, now (ms)} for KEYS[1]: what Count needs,
+// without the record's output.
+var stateScript = redis.NewScript(`
+local v = redis.call('HMGET', KEYS[1], 's', 'le')
+local t = redis.call('TIME')
+return {v[1] or false, v[2] or false, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}`)
+
+// scanBatch is the COUNT hint of each SCAN, and the most keys sent in one
+// pipeline.
+const scanBatch = 1000
+
+// List implements [backends.Lister]. Redis keeps no order of keys, so
+// every page scans the whole keyspace (every master of a Cluster) for the
+// namespace's keys and sorts those after the cursor: a page costs a SCAN
+// of every key on the server, plus one pipelined look at the records it
+// returns. It is meant for operators, not for a hot path. It needs a
+// *redis.Client, *redis.ClusterClient or *redis.Ring.
+func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.ListPage, error) {
+	if err := req.Validate(); err != nil {
+		return backends.ListPage{}, err
+	}
+	after, _ := req.After()
+	keys, err := s.scan(ctx, req.Prefix())
+	if err != nil {
+		return backends.ListPage{}, err
+	}
+	keys = sortedAfter(keys, after)
+	var page backends.ListPage
+	for len(keys) > 0 && len(page.Records) < req.Limit {
+		batch := keys[:min(len(keys), max(req.Limit-len(page.Records), 16))]
+		keys = keys[len(batch):]
+		recs, err := s.inspectMany(ctx, batch)
+		if err != nil {
+			return backends.ListPage{}, err
+		}
+		for _, rec := range recs {
+			if req.State != 0 && rec.State != req.State {
+				continue
+			}
+			page.Records = append(page.Records, rec)
+			if len(page.Records) == req.Limit {
+				page.Cursor = backends.ListCursor(rec.Key)
+				break
+			}
+		}
+	}
+	return page, nil
+}
+
+// sortedAfter sorts keys, drops duplicates (SCAN may return a key twice)
+// and returns those after after.
+func sortedAfter(keys []string, after string) []string {
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	i, found := slices.BinarySearch(keys, after)
+	if found {
+		i++
+	}
+	return keys[i:]
+}
+
+// Count implements [backends.Lister], scanning as List does.
+func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, error) {
+	keys, err := s.scan(ctx, backends.ListRequest{Namespace: namespace}.Prefix())
+	if err != nil {
+		return backends.Counts{}, err
+	}
+	keys = sortedAfter(keys, "")
+	var c backends.Counts
+	for batch := range slices.Chunk(keys, scanBatch) {
+		cmds, err := s.pipelined(ctx, func(p redis.Pipeliner) []*redis.Cmd {
+			out := make([]*redis.Cmd, len(batch))
+			for i, k := range batch {
+				out[i] = stateScript.Eval(ctx, p, s.redisKey(k))
+			}
+			return out
+		})
+		if err != nil {
+			return backends.Counts{}, opError(ctx, "count", err)
+		}
+		for _, cmd := range cmds {
+			vals, err := cmd.Slice()
+			if err != nil || len(vals) != 3 || vals[0] == nil {
+				continue // gone since the scan
+			}
+			st, _ := vals[0].(string)
+			le, _ := vals[1].(string)
+			leMs, _ := strconv.ParseInt(le, 10, 64)
+			nowMs, _ := vals[2].(int64)
+			c.Add(state(st, time.UnixMilli(leMs), time.UnixMilli(nowMs)))
+		}
+	}
+	return c, nil
+}
+
+// inspectMany inspects keys in one pipeline and returns the records that
+// still exist, in the order of keys.
+func (s *Store) inspectMany(ctx context.Context, keys []string) ([]backends.Record, error) {
+	cmds, err := s.pipelined(ctx, func(p redis.Pipeliner) []*redis.Cmd {
+		out := make([]*redis.Cmd, len(keys))
+		for i, k := range keys {
+			out[i] = inspectScript.Eval(ctx, p, s.redisKey(k))
+		}
+		return out
+	})
+	if err != nil {
+		return nil, opError(ctx, "list", err)
+	}
+	recs := make([]backends.Record, 0, len(keys))
+	for i, cmd := range cmds {
+		vals, err := cmd.Slice()
+		if errors.Is(err, redis.Nil) {
+			continue // gone since the scan
+		}
+		if err != nil {
+			return nil, opError(ctx, "list", err)
+		}
+		rec, err := parseRecord(keys[i], vals)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, rec)
+	}
+	return recs, nil
+}
+
+// pipelined sends the commands fn queues in one pipeline (split by slot on
+// a Cluster) and returns them; a command's own error (such as redis.Nil)
+// is left on the command.
+func (s *Store) pipelined(ctx context.Context, fn func(p redis.Pipeliner) []*redis.Cmd) ([]*redis.Cmd, error) {
+	pc, ok := s.client.(interface{ Pipeline() redis.Pipeliner })
+	if !ok {
+		return nil, fmt.Errorf("redisstore: listing needs a client with pipelines, not %T", s.client)
+	}
+	p := pc.Pipeline()
+	cmds := fn(p)
+	if _, err := p.Exec(ctx); err != nil {
+		for _, c := range cmds {
+			if e := c.Err(); e != nil && !errors.Is(e, redis.Nil) {
+				return nil, e
+			}
+		}
+	}
+	return cmds, nil
+}
+
+// scan returns the keys (without the store's prefix) of every record whose
+// key starts with prefix, from every master; a key may come twice.
+func (s *Store) scan(ctx context.Context, prefix string) ([]string, error) {
+	match := globEscape(s.prefix+prefix) + "*"
+	var keys []string
+	one := func(ctx context.Context, node *redis.Client) error {
+		var cursor uint64
+		for {
+			batch, next, err := node.Scan(ctx, cursor, match, scanBatch).Result()
+			if err != nil {
+				return err
+			}
+			for _, k := range batch {
+				keys = append(keys, strings.TrimPrefix(k, s.prefix))
+			}
+			if cursor = next; cursor == 0 {
+				return nil
+			}
+		}
+	}
+	var err error
+	switch c := s.client.(type) {
+	case *redis.Client:
+		err = one(ctx, c)
+	case *redis.ClusterClient:
+		err = forEachSerially(ctx, c.ForEachMaster, one)
+	case *redis.Ring:
+		err = forEachSerially(ctx, c.ForEachShard, one)
+	default:
+		return nil, fmt.Errorf("redisstore: listing needs a *redis.Client, *redis.ClusterClient or *redis.Ring, not %T", s.client)
+	}
+	if err != nil {
+		return nil, opError(ctx, "scan", err)
+	}
+	return keys, nil
+}
+
+// forEachSerially runs fn on each node that each (ForEachMaster,
+// ForEachShard) yields, one at a time: each runs its nodes concurrently.
+func forEachSerially(ctx context.Context, each func(context.Context, func(context.Context, *redis.Client) error) error,
+	fn func(context.Context, *redis.Client) error) error {
+	var nodes []*redis.Client
+	collect := make(chan *redis.Client)
+	done := make(chan error, 1)
+	go func() {
+		done <- each(ctx, func(_ context.Context, c *redis.Client) error { collect <- c; return nil })
+		close(collect)
+	}()
+	for c := range collect {
+		nodes = append(nodes, c)
+	}
+	if err := <-done; err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if err := fn(ctx, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// globEscape escapes the characters SCAN's MATCH pattern gives a meaning.
+func globEscape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
