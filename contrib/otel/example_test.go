@@ -1,0 +1,101 @@
+package idemotel_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"go.opentelemetry.io/otel"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/memstore"
+	idemotel "github.com/watermill-idempotency/idempotency/contrib/otel"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
+)
+
+// setup is the wiring the operations guide shows: the observer, the
+// instrumented store, and replays without the first delivery's trace.
+func setup(store backends.Store, counters *idempotency.Counters) (*idempotency.Idempotency, error) {
+	// snippet:setup
+	// Metrics go to the global meter provider (set by your OpenTelemetry
+	// setup, e.g. with the Prometheus or OTLP exporter), span events to the
+	// span a tracing middleware outside this one started.
+	observer, err := idemotel.NewObserver(idemotel.Config{})
+	if err != nil {
+		return nil, err
+	}
+	instrumented, err := idemotel.InstrumentStore(store, idemotel.StoreConfig{})
+	if err != nil {
+		return nil, err
+	}
+	idem, err := idempotency.New(idempotency.Config{
+		Store:    instrumented,
+		Observer: idempotency.MultiObserver(observer, counters),
+		// Replays do not carry the trace context of the first delivery.
+		ReplayDropMetadata: idemotel.PropagationKeys(otel.GetTextMapPropagator()),
+	})
+	// end snippet
+	return idem, err
+}
+
+// The observer counts deliveries by outcome, here read with the SDK's
+// manual reader instead of an exporter.
+func ExampleNewObserver() {
+	reader := sdkmetric.NewManualReader()
+	otel.SetMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+
+	counters := &idempotency.Counters{}
+	idem, err := setup(memstore.New(memstore.Options{}), counters)
+	if err != nil {
+		panic(err)
+	}
+	pubSub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		panic(err)
+	}
+	router.AddConsumerHandler("charge", "orders", pubSub, func(*message.Message) error { return nil }).
+		AddMiddleware(idem.Middleware)
+	go func() { _ = router.Run(context.Background()) }()
+	<-router.Running()
+	defer router.Close()
+
+	for i, uuid := range []string{"m1", "m2", "m1"} {
+		if err := pubSub.Publish("orders", message.NewMessage(uuid, nil)); err != nil {
+			panic(err)
+		}
+		for counters.Count(idempotency.OutcomeProcessed)+counters.Count(idempotency.OutcomeDuplicate) <= int64(i) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		panic(err)
+	}
+	var lines []string
+	for _, m := range rm.ScopeMetrics[0].Metrics {
+		sum, ok := m.Data.(metricdata.Sum[int64])
+		if !ok {
+			continue
+		}
+		for _, dp := range sum.DataPoints {
+			handler, _ := dp.Attributes.Value(idemotel.AttrHandler)
+			outcome, _ := dp.Attributes.Value(idemotel.AttrOutcome)
+			lines = append(lines, fmt.Sprintf("%s{handler=%s,outcome=%s} %d", m.Name, handler.AsString(), outcome.AsString(), dp.Value))
+		}
+	}
+	sort.Strings(lines)
+	for _, l := range lines {
+		fmt.Println(l)
+	}
+	// Output:
+	// watermill.idempotency.deliveries{handler=charge,outcome=duplicate} 1
+	// watermill.idempotency.deliveries{handler=charge,outcome=processed} 2
+}
