@@ -8,7 +8,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 )
 
-var _, _ = inspect, deleteKey
+var _, _, _ = inspect, deleteKey, list
 
 func inspect(ctx context.Context, store backends.Store) error {
 	// snippet:inspect
@@ -32,4 +32,25 @@ func deleteKey(ctx context.Context, store backends.Store) error {
 	err := store.Delete(ctx, "charge-order:order-42")
 	// end snippet
 	return err
+}
+
+func list(ctx context.Context, store backends.Store) error {
+	// snippet:list
+	lister := store.(backends.Lister)
+	req := backends.ListRequest{Namespace: "charge-order", State: backends.StateInProgress, Limit: 100}
+	for {
+		page, err := lister.List(ctx, req)
+		if err != nil {
+			return err
+		}
+		for _, rec := range page.Records {
+			fmt.Println(rec.Key, rec.Owner, rec.Token, rec.LeaseExpiresAt)
+		}
+		if page.Cursor == "" {
+			break
+		}
+		req.Cursor = page.Cursor
+	}
+	// end snippet
+	return nil
 }

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
+
+// recordView is a record as idem prints it. Times are the store's; the
+// durations left are computed with this machine's clock.
+type recordView struct {
+	Key string `json:"key"`
+	// KeyBase64 is set when the key is not valid UTF-8, which JSON cannot
+	// carry exactly.
+	KeyBase64      string       `json:"key_base64,omitempty"`
+	State          string       `json:"state"`
+	Owner          string       `json:"owner"`
+	Token          int64        `json:"token"`
+	Attempt        int          `json:"attempt"`
+	LeaseExpiresAt time.Time    `json:"lease_expires_at"`
+	LeaseLeft      *float64     `json:"lease_left_seconds,omitempty"`
+	CompletedAt    *time.Time   `json:"completed_at,omitempty"`
+	ForgetAt       time.Time    `json:"forget_at"`
+	ForgetIn       float64      `json:"forget_in_seconds"`
+	Fingerprint    string       `json:"fingerprint,omitempty"`
+	Output         []outputView `json:"output,omitempty"`
+	OutputError    string       `json:"output_error,omitempty"`
+}
+
+// outputView is one stored output message: what a duplicate replays.
+type outputView struct {
+	UUID         string            `json:"uuid"`
+	Metadata     map[string]string `json:"metadata,omitempty"`
+	PayloadBytes int               `json:"payload_bytes"`
+}
+
+func viewRecord(r backends.Record, now time.Time) recordView {
+	v := recordView{
+		Key: r.Key, State: r.State.String(), Owner: r.Owner, Token: r.Token, Attempt: r.Attempt,
+		LeaseExpiresAt: r.LeaseExpiresAt, ForgetAt: r.ExpiresAt,
+		ForgetIn: seconds(r.ExpiresAt.Sub(now)),
+	}
+	if !utf8.ValidString(r.Key) {
+		v.KeyBase64 = base64.StdEncoding.EncodeToString([]byte(r.Key))
+	}
+	if r.State == backends.StateInProgress {
+		left := seconds(r.LeaseExpiresAt.Sub(now))
+		v.LeaseLeft = &left
+	}
+	if !r.CompletedAt.IsZero() {
+		v.CompletedAt = &r.CompletedAt
+	}
+	if len(r.Fingerprint) > 0 {
+		v.Fingerprint = hex.EncodeToString(r.Fingerprint)
+	}
+	if len(r.Output) > 0 {
+		msgs, err := backends.DecodeOutput(r.Output)
+		if err != nil {
+			v.OutputError = err.Error()
+		}
+		for _, m := range msgs {
+			v.Output = append(v.Output, outputView{UUID: m.UUID, Metadata: m.Metadata, PayloadBytes: len(m.Payload)})
+		}
+	}
+	return v
+}
+
+func seconds(d time.Duration) float64 { return max(0, d.Round(time.Millisecond).Seconds()) }
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// printRecord prints one record, field by field.
+func printRecord(w io.Writer, v recordView) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
+	row("key", "%q", v.Key)
+	row("state", "%s", v.State)
+	row("owner", "%s", v.Owner)
+	row("token", "%d", v.Token)
+	row("attempt", "%d", v.Attempt)
+	switch {
+	case v.LeaseLeft != nil:
+		row("lease", "expires at %s, in %.3fs", stamp(v.LeaseExpiresAt), *v.LeaseLeft)
+	case v.State == backends.StateExpired.String():
+		row("lease", "expired at %s: the next delivery takes over", stamp(v.LeaseExpiresAt))
+	}
+	if v.CompletedAt != nil {
+		row("completed", "%s", stamp(*v.CompletedAt))
+	}
+	row("forgotten", "at %s, in %s", stamp(v.ForgetAt), time.Duration(v.ForgetIn*float64(time.Second)).Round(time.Second))
+	if v.Fingerprint != "" {
+		row("fingerprint", "%s", v.Fingerprint)
+	}
+	if v.OutputError != "" {
+		row("output", "unreadable: %s", v.OutputError)
+	}
+	for i, o := range v.Output {
+		row(fmt.Sprintf("output[%d]", i), "uuid %s, %d payload bytes, metadata %s", o.UUID, o.PayloadBytes, metadataString(o.Metadata))
+	}
+	tw.Flush()
+}
+
+func metadataString(md map[string]string) string {
+	keys := make([]string, 0, len(md))
+	for k := range md {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%q", k, md[k])
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
+func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
+
+// printRecords prints records as a table, one per line.
+func printRecords(w io.Writer, views []recordView) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tSTATE\tTOKEN\tATTEMPT\tOWNER\tLEASE LEFT\tFORGOTTEN IN")
+	for _, v := range views {
+		left := "-"
+		if v.LeaseLeft != nil {
+			left = fmt.Sprintf("%.1fs", *v.LeaseLeft)
+		}
+		fmt.Fprintf(tw, "%q\t%s\t%d\t%d\t%s\t%s\t%s\n", v.Key, v.State, v.Token, v.Attempt, v.Owner, left,
+			time.Duration(v.ForgetIn*float64(time.Second)).Round(time.Second))
+	}
+	tw.Flush()
+}
