@@ -3,7 +3,7 @@ GO          ?= go
 TEST_FLAGS  ?= -race -count=1
 BENCH_COUNT ?= 6
 BENCH_DIR   ?= .bench
-MODULES     := . examples benchmarks contrib/awssqs
+MODULES     := . examples benchmarks contrib/awssqs contrib/otel cmd/idem
 TOOL_MODS   := tools
 
 SHELL       := bash
@@ -23,6 +23,10 @@ EXAMPLE ?= redis
 .PHONY: example-redis
 example-redis: ## Run the Redis Streams example against local Redis (REDIS_ADDR)
 	cd examples && $(GO) run ./redis
+
+.PHONY: example-kafka
+example-kafka: ## Run the Kafka example: in-process Kafka (or KAFKA_BROKERS), leases in local Redis (REDIS_ADDR)
+	cd examples && $(GO) run ./kafka
 
 GOAWS_PORT ?= 4100
 
@@ -47,11 +51,17 @@ up: ## Run an example and its services with docker compose; fails if its check f
 down: ## Stop and remove an example's docker compose services (EXAMPLE=redis or sqs)
 	docker compose -f examples/$(EXAMPLE)/docker-compose.yml down -v
 
+.PHONY: idem
+idem: ## Build the idem operator command into bin/idem
+	cd cmd/idem && $(GO) build -o ../../bin/idem .
+
 .PHONY: test
 test: bin/goaws ## Run every test with the race detector (needs Redis and Postgres: see .ci/run)
 	$(GO) test $(TEST_FLAGS) ./...
 	cd examples && $(GO) test $(TEST_FLAGS) ./...
 	cd contrib/awssqs && $(GO) test $(TEST_FLAGS) ./...
+	cd contrib/otel && $(GO) test $(TEST_FLAGS) ./...
+	cd cmd/idem && $(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: test-stress
 test-stress: bin/goaws ## Run the storm and fault tests 3 times while CPU hogs load every core (HOGS, STRESS_RUNS)
@@ -71,12 +81,15 @@ bench-redis: ## Benchmark the Redis store against redis-benchmark and redislock 
 	cd benchmarks && $(GO) run ./redisbench -addr $${REDIS_ADDR:-127.0.0.1:6379} | tee ../$(BENCH_DIR)/redis.txt
 
 .PHONY: bench-core
-bench-core: ## Benchmark the middleware on the in-memory store against Watermill's Deduplicator
+bench-core: ## Benchmark the middleware on the in-memory store against Watermill's Deduplicator, and the OpenTelemetry observer against it
 	@mkdir -p $(BENCH_DIR)
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./middleware/ | tee $(BENCH_DIR)/middleware.txt
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./keyfunc/ | tee $(BENCH_DIR)/keyfunc.txt
+	cd contrib/otel && $(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) . | tee ../../$(BENCH_DIR)/otel.txt
 	@echo; echo "== middleware per message, against Watermill's Deduplicator (base) and no middleware"
 	cd tools && $(GO) tool benchstat -col '/mw@(deduplicator idempotency none)' ../$(BENCH_DIR)/middleware.txt
+	@echo; echo "== the OpenTelemetry observer and instrumented store, against the plain middleware (base)"
+	cd tools && $(GO) tool benchstat -col '/mw@(idempotency otel otel+store)' ../$(BENCH_DIR)/otel.txt
 	@echo; echo "== key extraction"
 	cd tools && $(GO) tool benchstat ../$(BENCH_DIR)/keyfunc.txt
 

@@ -3,68 +3,68 @@ package main
 import (
 	"bytes"
 	"context"
-	"os"
 	"testing"
 	"time"
 
+	examplemetrics "github.com/watermill-idempotency/idempotency/examples/internal/metrics"
 	"github.com/watermill-idempotency/idempotency/examples/internal/output"
+	"github.com/watermill-idempotency/idempotency/examples/internal/story"
+	"github.com/watermill-idempotency/idempotency/internal/testserver"
 )
 
 // The example end to end against the real Redis ($REDIS_ADDR, default
-// 127.0.0.1:6379): Redis Streams for the messages, Redis for the leases.
+// 127.0.0.1:6379): Redis Streams for the messages, Redis for the leases,
+// and a scrape of its /metrics.
 func TestRedisStreamsExample(t *testing.T) {
-	addr := os.Getenv("REDIS_ADDR")
-	if addr == "" {
-		addr = "127.0.0.1:6379"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	rep, err := Run(ctx, Config{RedisAddr: addr, Orders: 50}, &out)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
+	rep, err := Run(ctx, Config{RedisAddr: testserver.Env("REDIS_ADDR", "127.0.0.1:6379"), Orders: 50}, &out)
 	t.Log("\n" + out.String())
-	if err := output.EndsWithVerdict(out.String(), "Check: 52 orders charged once each"); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
-	for order, n := range rep.ChargesPerOrder {
+	if err := output.EndsWithVerdict(out.String(), "Check: 53 orders charged once each"); err != nil {
+		t.Fatal(err)
+	}
+	for order, n := range rep.Applied {
 		if n != 1 {
 			t.Errorf("order %s charged %d times", order, n)
 		}
 	}
-	if len(rep.ChargesPerOrder) != 52 || rep.Processed != 52 {
-		t.Errorf("%d orders charged, %d processed; want 52: nothing lost", len(rep.ChargesPerOrder), rep.Processed)
+	if rep.SlowDeliveries < 3 || rep.SlowInFlight < 1 {
+		t.Errorf("the slow order was not claimed while it ran, or its copies not caught: %+v", rep.Report)
 	}
-	if rep.Duplicates < 50 {
-		t.Errorf("%d duplicates dropped; the producer sent 50 retries", rep.Duplicates)
+	// The /metrics scrape: the middleware's metric by outcome, and
+	// Watermill's router metric next to it.
+	got := rep.Scraped.Deliveries
+	if got["processed"] != 53 || got["handler_failed"] != 1 || got["store_error"] != 2 || got["duplicate"] < 50 {
+		t.Errorf("scraped watermill_idempotency_deliveries_total %v: want 53 processed, 1 handler_failed, 2 store_error, 50 or more duplicate", got)
 	}
-	if rep.FailedAttempts != 1 {
-		t.Errorf("%d failed attempts; want the flaky order's one, retried", rep.FailedAttempts)
-	}
-	if rep.SlowOrderDeliveries < 2 || !rep.SlowOrderCaught || rep.DuplicatesAfterWait < 1 {
-		t.Errorf("the claim of the slow order was not caught by the lease: %+v", rep)
+	if rep.Scraped.HandlerExecutions < float64(rep.Published) {
+		t.Errorf("scraped %v handler executions for %d messages", rep.Scraped.HandlerExecutions, rep.Published)
 	}
 }
 
-// The check behind the printed verdict fails on what it must catch.
-func TestReportCheckCatchesFailures(t *testing.T) {
-	good := func() Report {
-		return Report{Orders: 2, ChargesPerOrder: map[string]int64{"a": 1, "b": 1}, Processed: 2, FailedAttempts: 1,
-			SlowOrderDeliveries: 2, SlowOrderCaught: true}
-	}
-	if err := good().Check(); err != nil {
-		t.Fatal(err)
-	}
-	for name, bad := range map[string]func(r *Report){
-		"an order charged twice":        func(r *Report) { r.ChargesPerOrder["a"] = 2 },
-		"an order lost":                 func(r *Report) { delete(r.ChargesPerOrder, "b"); r.Processed = 1 },
-		"the slow order's claim missed": func(r *Report) { r.SlowOrderCaught = false },
-	} {
-		r := good()
-		bad(&r)
-		if r.Check() == nil {
-			t.Errorf("%s: the check passed", name)
+// The story on Redis Streams with the leases in Redis and in Postgres.
+func TestRedisStreams(t *testing.T) {
+	story.Tell(t, func(t *testing.T) story.Broker {
+		client := testserver.RedisClient(t) // its subscribers close it
+		prefix := testserver.Unique("redis-story-")
+		t.Cleanup(func() { client.Del(context.Background(), prefix+"orders") })
+		b, err := newBroker(client, prefix)
+		if err != nil {
+			t.Fatal(err)
 		}
+		return b
+	})
+}
+
+// The check behind the printed verdict also fails when /metrics disagrees.
+func TestReportCheckCatchesMetricsDisagreement(t *testing.T) {
+	r := Report{Report: story.Report{Published: 3, Outcomes: map[string]int64{"processed": 2}},
+		Scraped: examplemetrics.Scraped{Deliveries: map[string]float64{"processed": 1}, HandlerExecutions: 3}}
+	if r.Scraped.Check(map[string]int64{"processed": 2}, 3) == nil || r.Check() == nil {
+		t.Error("a disagreeing scrape passed")
 	}
 }

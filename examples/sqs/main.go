@@ -1,20 +1,28 @@
 // Command sqs is an order-processing service on Amazon SQS (watermill-aws)
 // with the idempotency middleware, its leases in Redis (or Postgres).
 //
-// Two consumer instances receive from one queue. A producer sends order
-// events with the duplicates real producers make (the same order_id under
-// new message UUIDs). One order's handler fails once: watermill-aws's nack
-// does nothing, the message comes back after the visibility timeout, and
-// the retry charges it. One order takes longer than the visibility
-// timeout, and the producer retries it at once: its copies arrive while
-// the first still runs. Instead of holding a worker, each such copy is
-// nacked, and contrib/awssqs's Defer makes it visible again when the
-// holder's lease runs out; by then the order is charged and the copy is
-// dropped.
+// It tells the story every broker's test tells (examples/internal/story).
+// Two consumer instances receive from one queue. The producer sends every
+// order twice (the same order_id under new message UUIDs). One order's
+// handler fails once: watermill-aws's nack does nothing, the message comes
+// back after the visibility timeout, and the retry charges it. The lease
+// store refuses one order's first acquisitions. One order takes longer
+// than the visibility timeout, and the producer retries it at once: its
+// copies arrive while the first still runs. Instead of holding a worker,
+// each such copy is nacked, and contrib/awssqs's Defer makes it visible
+// again when the holder's lease runs out; by then the order is charged and
+// the copy is dropped. Every charge goes to a sink that refuses stale
+// fencing tokens.
+//
+// While it runs, it serves Prometheus metrics at /metrics: the
+// middleware's OpenTelemetry metrics (contrib/otel) next to Watermill's
+// router metrics. At the end it scrapes them and checks that they agree
+// with what it saw.
 //
 // Configuration (environment): SQS_ENDPOINT (default http://localhost:4566,
 // LocalStack), AWS_REGION (us-east-1), STORE or -store (redis or postgres),
-// REDIS_ADDR (127.0.0.1:6379), DATABASE_URL (for the postgres store).
+// REDIS_ADDR (127.0.0.1:6379), DATABASE_URL (for the postgres store),
+// METRICS_ADDR (127.0.0.1:0, a free port).
 //
 //	go run ./sqs
 //	go run ./sqs -store postgres
@@ -29,7 +37,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -46,7 +53,8 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
 	"github.com/watermill-idempotency/idempotency/contrib/awssqs"
-	"github.com/watermill-idempotency/idempotency/keyfunc"
+	examplemetrics "github.com/watermill-idempotency/idempotency/examples/internal/metrics"
+	"github.com/watermill-idempotency/idempotency/examples/internal/story"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -61,6 +69,7 @@ func main() {
 		Store:       *store,
 		RedisAddr:   env("REDIS_ADDR", "127.0.0.1:6379"),
 		DatabaseURL: env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		MetricsAddr: env("METRICS_ADDR", "127.0.0.1:0"),
 		Orders:      10,
 	}
 	if _, err := Run(ctx, cfg, os.Stdout); err != nil {
@@ -82,276 +91,144 @@ type Config struct {
 	// Store is "redis" or "postgres".
 	Store                  string
 	RedisAddr, DatabaseURL string
+	// MetricsAddr is where /metrics is served while the run lasts.
+	// Defaults to 127.0.0.1:0, a free port.
+	MetricsAddr string
 	// Orders is how many regular orders the producer sends (each twice).
 	Orders int
 	// Prefix keeps the run's queue and keys apart. Defaults to a fresh one.
 	Prefix string
 }
 
-const (
-	slowOrder         = "order-slow"  // takes longer than the visibility timeout
-	flakyOrder        = "order-flaky" // the payment gateway fails the first attempt
-	visibilityTimeout = 2 * time.Second
-	slowFor           = 3 * time.Second
-)
+// The queue's visibility timeout: short, so that the slow order (3s) comes
+// back while it runs.
+const visibilityTimeout = 2 * time.Second
 
-// Report is what happened.
+// Report is what happened: the story's report, the copies Defer deferred,
+// and what /metrics said.
 type Report struct {
-	Published, Orders   int
-	ChargesPerOrder     map[string]int
-	Processed           int64
-	Duplicates          int64
-	DuplicatesAfterWait int64
-	FailedAttempts      int64
-	// SlowOrderDeliveries counts deliveries of the slow order's messages.
-	SlowOrderDeliveries int64
-	// SlowOrderCaught: a copy of the slow order was dropped as a duplicate
-	// instead of charging again.
-	SlowOrderCaught bool
+	story.Report
 	// Deferred counts the copies Defer made visible again later (its
 	// successful ChangeMessageVisibility calls).
 	Deferred int64
+	Scraped  examplemetrics.Scraped
 }
 
-// Check verifies the report: every order charged exactly once, nothing lost.
+// Check verifies the story, that Defer deferred an in-flight copy, and
+// that /metrics agrees.
 func (r Report) Check() error {
 	var errs []error
-	if len(r.ChargesPerOrder) != r.Orders {
-		errs = append(errs, fmt.Errorf("%d of %d orders charged", len(r.ChargesPerOrder), r.Orders))
-	}
-	for order, n := range r.ChargesPerOrder {
-		if n != 1 {
-			errs = append(errs, fmt.Errorf("order %s charged %d times", order, n))
-		}
-	}
-	if r.FailedAttempts != 1 {
-		errs = append(errs, fmt.Errorf("%d failed attempts, want the flaky order's one", r.FailedAttempts))
-	}
-	if r.SlowOrderDeliveries < 2 || !r.SlowOrderCaught {
-		errs = append(errs, fmt.Errorf("the slow order was delivered %d times and no copy of it was caught", r.SlowOrderDeliveries))
-	}
+	errs = append(errs, r.Report.Check())
 	if r.Deferred < 1 {
 		errs = append(errs, errors.New("no copy in progress was deferred"))
 	}
+	counts := map[string]int64{}
+	for _, o := range []idempotency.Outcome{idempotency.OutcomeProcessed, idempotency.OutcomeDuplicate,
+		idempotency.OutcomeHandlerFailed, idempotency.OutcomeInProgress, idempotency.OutcomeStoreError} {
+		counts[o.String()] = r.Outcomes[o.String()]
+	}
+	errs = append(errs, r.Scraped.Check(counts, r.Published))
 	return errors.Join(errs...)
 }
 
-// Run runs the story and prints what happened to w.
+// Run runs the story and prints what happened to w, its verdict last.
 func Run(ctx context.Context, cfg Config, w io.Writer) (Report, error) {
 	if cfg.Prefix == "" {
 		cfg.Prefix = fmt.Sprintf("example-%d", time.Now().UnixNano())
 	}
-	logger := watermill.NopLogger{}
-	store, closeStore, err := openStore(ctx, cfg)
+	plainStore, closeStore, err := openStore(ctx, cfg)
 	if err != nil {
 		return Report{}, err
 	}
 	defer closeStore()
+	// Metrics: the middleware's, through contrib/otel, and Watermill's
+	// router metrics, at one /metrics endpoint.
+	metrics, err := examplemetrics.Serve(cfg.MetricsAddr)
+	if err != nil {
+		return Report{}, err
+	}
+	defer metrics.Close()
+	store, otelObserver, err := metrics.Instrument(plainStore)
+	if err != nil {
+		return Report{}, err
+	}
+	var deferred atomic.Int64
+	b, err := newBroker(ctx, cfg, &deferred)
+	if err != nil {
+		return Report{}, err
+	}
+	b.Observer, b.SetupRouter = otelObserver, metrics.AddRouterMetrics
+	fmt.Fprintf(w, "SQS at %s, leases in %s; metrics at %s while the run lasts\n", cfg.Endpoint, cfg.Store, metrics.URL)
 
+	sr, err := story.Run(ctx, b, store, cfg.Orders, w)
+	rep := Report{Report: sr, Deferred: deferred.Load()}
+	if err != nil {
+		return rep, err
+	}
+	if rep.Scraped, err = metrics.Scrape(ctx); err != nil {
+		return rep, err
+	}
+	fmt.Fprintf(w, "Scraped from /metrics: %s\n", rep.Scraped)
+	fmt.Fprintf(w, "Summary: %s; Defer deferred %d in-flight copies\n", rep.String(), rep.Deferred)
+	if err := rep.Check(); err != nil {
+		fmt.Fprintf(w, "Check FAILED: %v\n", err)
+		return rep, err
+	}
+	fmt.Fprintf(w, "Check: %d orders charged once each through the fenced sink, every message acked, in-flight copies deferred and dropped, nothing poisoned, /metrics in agreement.\n", len(rep.Applied))
+	return rep, nil
+}
+
+// newBroker is SQS as the story uses it: one queue read by both consumers
+// with Defer in front of the middleware. deferred counts Defer's calls.
+func newBroker(ctx context.Context, cfg Config, deferred *atomic.Int64) (story.Broker, error) {
+	logger := watermill.NopLogger{}
 	awsCfg := aws.Config{Region: cfg.Region, Credentials: credentials.NewStaticCredentialsProvider("example", "example", "")}
 	endpoint := []func(*sqs.Options){func(o *sqs.Options) { o.BaseEndpoint = aws.String(cfg.Endpoint) }}
 	queue := cfg.Prefix + "-orders"
 	if err := createQueue(ctx, awsCfg, endpoint, queue); err != nil {
-		return Report{}, err
+		return story.Broker{}, err
 	}
-
-	// The routers are closed, and wait for their handlers, before the
-	// summary is printed: nothing runs after it. Closing twice is harmless.
-	var routers []*message.Router
-	closeAll := func() error {
-		var errs []error
-		for _, r := range routers {
-			errs = append(errs, r.Close())
-		}
-		return errors.Join(errs...)
-	}
-	defer closeAll() //nolint:errcheck // already closed, or the run failed anyway
-
-	var (
-		mu          sync.Mutex
-		rep         = Report{Orders: cfg.Orders + 2}
-		charges     = map[string]int{}
-		flakyFailed atomic.Bool
-		inFlight    atomic.Int64
-		acked       atomic.Int64
-		deferred    atomic.Int64
-	)
-	sqsClient := visibilityCounter{Client: sqs.NewFromConfig(awsCfg, endpoint...), n: &deferred}
-	deferrer, err := awssqs.NewDefer(awssqs.DeferConfig{Client: sqsClient})
+	client := visibilityCounter{Client: sqs.NewFromConfig(awsCfg, endpoint...), n: deferred}
+	deferrer, err := awssqs.NewDefer(awssqs.DeferConfig{Client: client})
 	if err != nil {
-		return Report{}, err
+		return story.Broker{}, err
 	}
-	track := func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			inFlight.Add(1)
-			defer inFlight.Add(-1)
-			return h(msg)
-		}
-	}
-	observer := func(consumer string) idempotency.Observer {
-		return idempotency.ObserverFunc(func(_ context.Context, ev idempotency.Event) {
-			mu.Lock()
-			defer mu.Unlock()
-			order := strings.TrimPrefix(ev.Key, "charge:")
-			what := fmt.Sprintf("%s: %v", ev.Outcome, ev.Err)
-			if order == slowOrder {
-				rep.SlowOrderDeliveries++
-			}
-			switch ev.Outcome {
-			case idempotency.OutcomeProcessed:
-				rep.Processed++
-				what = fmt.Sprintf("charged (fencing token %d, attempt %d)", ev.Lease.Token, ev.Lease.Attempt)
-			case idempotency.OutcomeDuplicate:
-				rep.Duplicates++
-				rep.SlowOrderCaught = rep.SlowOrderCaught || order == slowOrder
-				what = "duplicate dropped"
-				if ev.Waited > 0 {
-					rep.DuplicatesAfterWait++
-					what = fmt.Sprintf("waited %v for the copy in progress, then dropped the duplicate", ev.Waited.Round(10*time.Millisecond))
-				}
-			case idempotency.OutcomeHandlerFailed:
-				rep.FailedAttempts++
-				what = fmt.Sprintf("failed (%v): lease released; SQS redelivers after the visibility timeout", ev.Err)
-			case idempotency.OutcomeInProgress:
-				what = "held by a copy still running: nacked"
-				var ipe *idempotency.InProgressError
-				if errors.As(ev.Err, &ipe) {
-					what = fmt.Sprintf("held by a copy still running: nacked; Defer makes it visible again when that lease runs out (%v)",
-						ipe.Remaining.Round(100*time.Millisecond))
-				}
-			}
-			if ev.Outcome.Acked() {
-				acked.Add(1)
-			}
-			if order == slowOrder || order == flakyOrder || !ev.Outcome.Acked() {
-				fmt.Fprintf(w, "  %-10s %-12s %s\n", consumer, order, what)
-			}
-		})
-	}
-
-	for _, consumer := range []string{"consumer-a", "consumer-b"} {
-		sub, err := wsqs.NewSubscriber(wsqs.SubscriberConfig{
-			AWSConfig:                   awsCfg,
-			OptFns:                      endpoint,
-			DoNotCreateQueueIfNotExists: true,
-			ConsumeWorkers:              2,
-			Unmarshaler:                 awssqs.Unmarshaler{}, // keeps the receipt handle for Defer
-			GenerateReceiveMessageInput: func(ctx context.Context, url wsqs.QueueURL) (*sqs.ReceiveMessageInput, error) {
-				in, err := wsqs.GenerateReceiveMessageInputDefault(ctx, url)
-				if err == nil {
-					in.WaitTimeSeconds = 1 // short long-polls, so the example stops quickly
-				}
-				return in, err
-			},
-		}, logger)
-		if err != nil {
-			return rep, err
-		}
-		idem, err := idempotency.New(idempotency.Config{
-			Store:     store,
-			Key:       keyfunc.JSONField("order_id"),
-			Namespace: "charge",
-			// About the queue's visibility timeout: a crashed consumer's key
-			// is free again when SQS brings its message back.
-			LeaseTTL: visibilityTimeout,
-			// A copy whose key is held waits briefly, then is nacked and
-			// deferred, instead of holding an SQS worker.
-			InProgressWait: 200 * time.Millisecond,
-			Observer:       observer(consumer),
-		})
-		if err != nil {
-			return rep, err
-		}
-		router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
-		if err != nil {
-			return rep, err
-		}
-		router.AddMiddleware(track, deferrer.Middleware, idem.Middleware)
-		router.AddConsumerHandler("charge-"+consumer, queue, sub, func(msg *message.Message) error {
-			order := msg.Metadata.Get("order_id")
-			if order == slowOrder {
-				select {
-				case <-time.After(slowFor):
-				case <-msg.Context().Done():
-					return msg.Context().Err()
-				}
-			}
-			if order == flakyOrder && flakyFailed.CompareAndSwap(false, true) {
-				return errors.New("payment gateway timeout")
-			}
-			mu.Lock()
-			charges[order]++
-			mu.Unlock()
-			return nil
-		})
-		routers = append(routers, router)
-		go func() { _ = router.Run(ctx) }()
-		select {
-		case <-router.Running():
-		case <-ctx.Done():
-			return rep, ctx.Err()
-		}
-	}
-
 	pub, err := wsqs.NewPublisher(wsqs.PublisherConfig{AWSConfig: awsCfg, OptFns: endpoint, DoNotCreateQueueIfNotExists: true}, logger)
 	if err != nil {
-		return rep, err
+		return story.Broker{}, err
 	}
-	defer pub.Close()
-	send := func(order string) error {
-		msg := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf(`{"order_id":%q,"amount":"10.00"}`, order)))
-		msg.Metadata.Set("order_id", order)
-		rep.Published++
-		return pub.Publish(queue, msg)
-	}
-	fmt.Fprintf(w, "Publishing %d orders, every regular order twice (a producer retry), to queue %s\n", rep.Orders, queue)
-	fmt.Fprintf(w, "(visibility timeout %v; %s takes %v, and is retried at once; %s fails once)\n\n", visibilityTimeout, slowOrder, slowFor, flakyOrder)
-	for _, order := range []string{slowOrder, slowOrder, flakyOrder} {
-		if err := send(order); err != nil {
-			return rep, err
-		}
-	}
-	for i := range cfg.Orders {
-		for range 2 {
-			if err := send("order-" + strconv.Itoa(i)); err != nil {
-				return rep, err
-			}
-		}
-	}
-
-	// Done when every order is charged, every message was acked at least
-	// once, a deferred copy of the slow order came back and was dropped,
-	// and nothing is in flight.
-	for {
-		mu.Lock()
-		charged, caught := len(charges), rep.SlowOrderCaught
-		mu.Unlock()
-		if charged == rep.Orders && acked.Load() >= int64(rep.Published) && caught && deferred.Load() > 0 && inFlight.Load() == 0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return rep, fmt.Errorf("not every delivery was settled (%d of %d orders charged): %w", charged, rep.Orders, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-
-	if err := closeAll(); err != nil {
-		return rep, fmt.Errorf("closing the consumers: %w", err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	rep.ChargesPerOrder = charges
-	rep.Deferred = deferred.Load()
-	fmt.Fprintf(w, "\nSummary: %d messages for %d orders: %d charged, %d duplicate deliveries dropped (%d after waiting for the holder), %d failed attempt retried; the slow order's copies were delivered %d times, %d deferred by Defer.\n",
-		rep.Published, rep.Orders, rep.Processed, rep.Duplicates, rep.DuplicatesAfterWait, rep.FailedAttempts, rep.SlowOrderDeliveries, rep.Deferred)
-	verdict := rep.Check()
-	if verdict != nil {
-		fmt.Fprintf(w, "Check FAILED: %v\n", verdict)
-	} else {
-		fmt.Fprintf(w, "Check: %d orders charged once each, every message acked, the slow order's in-flight copies deferred and dropped.\n", len(charges))
-	}
-	return rep, verdict
+	return story.Broker{
+		Name:      "SQS",
+		Publisher: pub,
+		Topic:     queue,
+		Subscriber: func(string) (message.Subscriber, error) {
+			return wsqs.NewSubscriber(wsqs.SubscriberConfig{
+				AWSConfig:                   awsCfg,
+				OptFns:                      endpoint,
+				DoNotCreateQueueIfNotExists: true,
+				ConsumeWorkers:              2,
+				Unmarshaler:                 awssqs.Unmarshaler{}, // keeps the receipt handle for Defer
+				GenerateReceiveMessageInput: func(ctx context.Context, url wsqs.QueueURL) (*sqs.ReceiveMessageInput, error) {
+					in, err := wsqs.GenerateReceiveMessageInputDefault(ctx, url)
+					if err == nil {
+						in.WaitTimeSeconds = 1 // short long-polls, so the example stops quickly
+					}
+					return in, err
+				},
+			}, logger)
+		},
+		Middleware: []message.HandlerMiddleware{deferrer.Middleware},
+		Configure: func(c *idempotency.Config) {
+			// About the queue's visibility timeout: a crashed consumer's key
+			// is free again when SQS brings its message back.
+			c.LeaseTTL = visibilityTimeout
+			// A copy whose key is held waits briefly, then is nacked and
+			// deferred, instead of holding an SQS worker.
+			c.InProgressWait = 200 * time.Millisecond
+		},
+		SlowFor:                3 * time.Second,
+		RedeliversWhileRunning: true,
+	}, nil
 }
 
 // visibilityCounter counts the visibility changes Defer makes.

@@ -1,0 +1,95 @@
+package brokers_test
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	_ "github.com/go-sql-driver/mysql"
+
+	"github.com/watermill-idempotency/idempotency/examples/internal/story"
+	"github.com/watermill-idempotency/idempotency/internal/testserver"
+)
+
+// sqlTopic is a topic name watermill-sql can make table names of.
+func sqlTopic() string {
+	return strings.NewReplacer("-", "_", ":", "").Replace(testserver.Unique("orders_"))
+}
+
+// sqlBroker is watermill-sql on db. A consumer group reads a topic one
+// message at a time (its offset row is locked while a message is
+// handled), so each consumer here has its own consumer group with the same
+// handler (two deployments sharing the lease store): every message is
+// delivered to both, and the in-flight duplicate comes from the other
+// group. A nack is resent after ResendInterval.
+func sqlBroker(t *testing.T, name string, db wmsql.Beginner, schema wmsql.SchemaAdapter, offsets wmsql.OffsetsAdapter, drop func(topic string)) story.Broker {
+	logger := watermill.NopLogger{}
+	topic := sqlTopic()
+	pub, err := wmsql.NewPublisher(db, wmsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { drop(topic) })
+	return story.Broker{
+		Name:      name,
+		Publisher: pub,
+		Topic:     topic,
+		Subscriber: func(consumer string) (message.Subscriber, error) {
+			sub, err := wmsql.NewSubscriber(db, wmsql.SubscriberConfig{
+				ConsumerGroup:    consumer,
+				SchemaAdapter:    schema,
+				OffsetsAdapter:   offsets,
+				InitializeSchema: true,
+				PollInterval:     50 * time.Millisecond,
+				ResendInterval:   100 * time.Millisecond,
+			}, logger)
+			if err == nil {
+				t.Cleanup(func() { _ = sub.Close() })
+			}
+			return sub, err
+		},
+		DeliveriesPerMessage: 2,
+	}
+}
+
+func TestSQLPostgres(t *testing.T) {
+	story.Tell(t, func(t *testing.T) story.Broker {
+		pool := testserver.PostgresPool(t)
+		return sqlBroker(t, "SQL on Postgres", wmsql.BeginnerFromPgx(pool),
+			wmsql.DefaultPostgreSQLSchema{}, wmsql.DefaultPostgreSQLOffsetsAdapter{},
+			func(topic string) {
+				_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS "watermill_`+topic+`", "watermill_offsets_`+topic+`"`)
+			})
+	})
+}
+
+func TestSQLMariaDB(t *testing.T) {
+	story.Tell(t, func(t *testing.T) story.Broker {
+		db, err := sql.Open("mysql", testserver.Env("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := db.PingContext(ctx); err != nil {
+			t.Fatalf("MariaDB (MYSQL_DSN): %v", err)
+		}
+		b := sqlBroker(t, "SQL on MariaDB", wmsql.BeginnerFromStdSQL(db),
+			wmsql.DefaultMySQLSchema{}, wmsql.DefaultMySQLOffsetsAdapter{},
+			func(topic string) {
+				_, _ = db.Exec("DROP TABLE IF EXISTS `watermill_" + topic + "`, `watermill_offsets_" + topic + "`")
+			})
+		// On MySQL/MariaDB the subscribers' row locks hold every consumer
+		// group of the topic while one message is handled: no duplicate
+		// arrives while the slow order runs, and a slow handler stalls the
+		// topic for everyone.
+		b.Serialized = true
+		return b
+	})
+}
