@@ -1,7 +1,9 @@
 package brokers_test
 
 import (
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,13 +43,18 @@ func TestNATSJetStream(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = pub.Close() })
 		t.Cleanup(func() { deleteStream(t, url, name) })
+		provision(t, url, name, serverAckWait)
+		dialers := map[string]*cuttingDialer{}
 		return story.Broker{
 			Name:      "NATS JetStream",
 			Publisher: pub,
 			Topic:     name,
-			Subscriber: func(string) (message.Subscriber, error) {
+			Subscriber: func(consumer string) (message.Subscriber, error) {
+				d := &cuttingDialer{}
+				dialers[consumer] = d
 				sub, err := wmnats.NewSubscriber(wmnats.SubscriberConfig{
 					URL:              url,
+					NatsOptions:      []nats.Option{nats.SetCustomDialer(d), nats.NoReconnect()},
 					QueueGroupPrefix: name,
 					SubscribersCount: 2,
 					AckWaitTimeout:   handlerLimit,
@@ -59,11 +66,72 @@ func TestNATSJetStream(t *testing.T) {
 				}
 				return sub, err
 			},
+			// A crash cuts the consumer's connection: closing its
+			// subscriber would drain it, and a drained member's unacked
+			// message is not redelivered to the others (docs/brokers.md).
+			Crash:                  func(consumer string) { dialers[consumer].cut() },
 			Configure:              func(c *idempotency.Config) { c.LeaseTTL = 10 * time.Second },
 			SlowFor:                3 * time.Second,
 			RedeliversWhileRunning: true,
 		}
 	})
+}
+
+// cuttingDialer dials as usual and can cut every connection it made.
+type cuttingDialer struct {
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (d *cuttingDialer) Dial(network, address string) (net.Conn, error) {
+	c, err := net.Dial(network, address)
+	if err == nil {
+		d.mu.Lock()
+		d.conns = append(d.conns, c)
+		d.mu.Unlock()
+	}
+	return c, err
+}
+
+func (d *cuttingDialer) cut() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.conns {
+		_ = c.Close()
+	}
+}
+
+// provision creates the stream and the durable queue consumer that
+// watermill-nats (stream, subject, durable and queue group all named
+// name) subscribes to. Left to the library, the consumer would be created
+// by the first subscription and deleted when that one's subscriber closes
+// (nats.go deletes a consumer it created on Unsubscribe or Drain), taking
+// the pending messages of every other member with it: a crashed or
+// redeployed first consumer would stall the rest.
+func provision(t *testing.T, url, name string, ackWait time.Duration) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatalf("NATS (NATS_URL): %v", err)
+	}
+	defer nc.Close()
+	js, err := nc.JetStream()
+	if err == nil {
+		_, err = js.AddStream(&nats.StreamConfig{Name: name, Subjects: []string{name}})
+	}
+	if err == nil {
+		_, err = js.AddConsumer(name, &nats.ConsumerConfig{
+			Durable:        name,
+			DeliverSubject: nats.NewInbox(),
+			DeliverGroup:   name,
+			DeliverPolicy:  nats.DeliverAllPolicy,
+			AckPolicy:      nats.AckExplicitPolicy,
+			AckWait:        ackWait,
+			FilterSubject:  name,
+		})
+	}
+	if err != nil {
+		t.Fatalf("provisioning stream and consumer %s: %v", name, err)
+	}
 }
 
 // deleteStream removes the stream a test provisioned: the server keeps

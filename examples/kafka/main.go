@@ -103,7 +103,7 @@ func tell(ctx context.Context, brokers []string, store backends.Store, orders in
 		fmt.Fprintf(w, "Check FAILED: %v\n", err)
 		return err
 	}
-	fmt.Fprintf(w, "Check: %d orders charged once each through the fenced sink, no in-flight copy acked, nothing poisoned.\n", len(rep.Applied))
+	fmt.Fprintf(w, "Check: %d orders charged once each through the fenced sink, no in-flight copy acked, the crashed consumer's order taken over, nothing poisoned.\n", len(rep.Applied))
 	return nil
 }
 

@@ -23,7 +23,7 @@ func TestKafkaExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := output.EndsWithVerdict(out.String(), "Check: 23 orders charged once each"); err != nil {
+	if err := output.EndsWithVerdict(out.String(), "Check: 24 orders charged once each"); err != nil {
 		t.Fatal(err)
 	}
 }

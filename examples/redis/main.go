@@ -139,7 +139,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Report, error) {
 		fmt.Fprintf(w, "Check FAILED: %v\n", err)
 		return rep, err
 	}
-	fmt.Fprintf(w, "Check: %d orders charged once each through the fenced sink, the claimed slow order caught by its lease, nothing poisoned, /metrics in agreement.\n", len(rep.Applied))
+	fmt.Fprintf(w, "Check: %d orders charged once each through the fenced sink, the claimed slow order caught by its lease, the crashed consumer's order taken over, nothing poisoned, /metrics in agreement.\n", len(rep.Applied))
 	return rep, nil
 }
 
@@ -149,7 +149,9 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Report, error) {
 const maxIdleTime = time.Second
 
 // newBroker is Redis Streams as the story uses it: one stream, one
-// consumer group.
+// consumer group. Each consumer's subscriber gets a client of its own, as
+// a process of its own would: closing a watermill-redisstream subscriber
+// closes its client.
 func newBroker(client *redis.Client, prefix string) (story.Broker, error) {
 	logger := watermill.NopLogger{}
 	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client}, logger)
@@ -163,7 +165,7 @@ func newBroker(client *redis.Client, prefix string) (story.Broker, error) {
 		Topic:     topic,
 		Subscriber: func(consumer string) (message.Subscriber, error) {
 			return redisstream.NewSubscriber(redisstream.SubscriberConfig{
-				Client:          client,
+				Client:          redis.NewClient(client.Options()),
 				Consumer:        consumer,
 				ConsumerGroup:   group,
 				OldestId:        "0",

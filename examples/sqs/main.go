@@ -174,7 +174,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Report, error) {
 		fmt.Fprintf(w, "Check FAILED: %v\n", err)
 		return rep, err
 	}
-	fmt.Fprintf(w, "Check: %d orders charged once each through the fenced sink, every message acked, in-flight copies deferred and dropped, nothing poisoned, /metrics in agreement.\n", len(rep.Applied))
+	fmt.Fprintf(w, "Check: %d orders charged once each through the fenced sink, every message acked, in-flight copies deferred and dropped, the crashed consumer's order taken over, nothing poisoned, /metrics in agreement.\n", len(rep.Applied))
 	return rep, nil
 }
 

@@ -39,7 +39,7 @@ func TestSQSExample(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := output.EndsWithVerdict(out.String(), "Check: 23 orders charged once each"); err != nil {
+			if err := output.EndsWithVerdict(out.String(), "Check: 24 orders charged once each"); err != nil {
 				t.Fatal(err)
 			}
 			for order, n := range rep.Applied {
@@ -52,8 +52,8 @@ func TestSQSExample(t *testing.T) {
 			}
 			// The /metrics scrape: the middleware's metric by outcome.
 			got := rep.Scraped.Deliveries
-			if got["processed"] != 23 || got["handler_failed"] != 1 || got["in_progress"] < 1 {
-				t.Errorf("scraped watermill_idempotency_deliveries_total %v: want 23 processed, 1 handler_failed, some in_progress", got)
+			if got["processed"] != 24 || got["handler_failed"] < 1 || got["in_progress"] < 1 {
+				t.Errorf("scraped watermill_idempotency_deliveries_total %v: want 24 processed, 1 or more handler_failed, some in_progress", got)
 			}
 		})
 	}

@@ -2,9 +2,10 @@
 // test tells, written once: two consumers of one service charge orders
 // through the idempotency middleware into a fenced sink, while the
 // producer retries (the same order under new message UUIDs), one order
-// fails once, and one is slow enough that its duplicates arrive while it
-// runs. Each broker plugs in with a [Broker]: its publisher, its
-// subscribers and what it does on its own.
+// fails once, one is slow enough that its duplicates arrive while it
+// runs, and one is held by a consumer that crashes. Each broker plugs in
+// with a [Broker]: its publisher, its subscribers and what it does on its
+// own.
 package story
 
 import (
@@ -64,6 +65,12 @@ type Broker struct {
 	// consumer has its own group. Defaults to 1.
 	DeliveriesPerMessage int
 
+	// Crash, if set, cuts a consumer's connections to the broker the way
+	// the death of its process would, before its router is closed. Needed
+	// where closing a subscriber is a graceful shutdown that changes what
+	// the broker does with the message it held (NATS drains).
+	Crash func(consumer string)
+
 	// Observer, if set, is told about every delivery too (metrics).
 	Observer idempotency.Observer
 	// SetupRouter, if set, is called with each consumer's router before
@@ -76,6 +83,7 @@ const (
 	SlowOrder   = "order-slow"   // its duplicates arrive while it runs
 	FlakyOrder  = "order-flaky"  // the payment gateway fails its first attempt
 	OutageOrder = "order-outage" // the lease store refuses its first acquisitions
+	CrashOrder  = "order-crash"  // its first holder crashes while it runs
 	namespace   = "charge"
 
 	// AttemptMetadata numbers the producer's copies of an order from 0.
@@ -111,6 +119,14 @@ type Report struct {
 	// order ran, over SlowRun: what its waiting duplicates cost.
 	StoreCallsWhileSlow int64
 	SlowRun             time.Duration
+	// CrashedConsumer is the consumer that crashed holding the crash
+	// order: its store calls stopped and its router closed while the
+	// handler ran. CrashTakeover is set if the order was then charged
+	// under a lease that took the dead holder's over, CrashRecovery
+	// after how long.
+	CrashedConsumer string
+	CrashTakeover   bool
+	CrashRecovery   time.Duration
 	// RedeliversWhileRunning and Serialized are the broker's, for Check.
 	RedeliversWhileRunning, Serialized bool
 }
@@ -151,6 +167,9 @@ func (r Report) Check() error {
 	if r.SlowInFlight < 1 && !r.Serialized {
 		errs = append(errs, fmt.Errorf("the slow order was delivered %d times, never while it ran", r.SlowDeliveries))
 	}
+	if !r.CrashTakeover {
+		errs = append(errs, fmt.Errorf("the crash order was not charged by a consumer that took the crashed holder's lease over (crashed: %q)", r.CrashedConsumer))
+	}
 	if r.RedeliversWhileRunning && r.SlowDeliveries < 3 {
 		errs = append(errs, fmt.Errorf("the broker did not redeliver the slow order while it ran (%d deliveries)", r.SlowDeliveries))
 	}
@@ -163,13 +182,14 @@ func (r Report) String() string {
 	for _, o := range slices.Sorted(maps.Keys(r.Outcomes)) {
 		parts = append(parts, fmt.Sprintf("%s=%d", o, r.Outcomes[o]))
 	}
-	return fmt.Sprintf("%s: %d messages for %d orders; outcomes %s; slow order delivered %d times, %d while it ran, %d store calls in the %v it ran",
-		r.Broker, r.Published, r.Orders, strings.Join(parts, " "), r.SlowDeliveries, r.SlowInFlight, r.StoreCallsWhileSlow, r.SlowRun.Round(10*time.Millisecond))
+	return fmt.Sprintf("%s: %d messages for %d orders; outcomes %s; slow order delivered %d times, %d while it ran, %d store calls in the %v it ran; crash order taken over %v after %s crashed: %v",
+		r.Broker, r.Published, r.Orders, strings.Join(parts, " "), r.SlowDeliveries, r.SlowInFlight, r.StoreCallsWhileSlow, r.SlowRun.Round(10*time.Millisecond),
+		r.CrashRecovery.Round(10*time.Millisecond), r.CrashedConsumer, r.CrashTakeover)
 }
 
 // Run tells the story on b with the leases in store: orders regular
 // orders, each published twice, plus the slow, the flaky and the outage
-// order. It prints the deliveries that were not plain successes or
+// order; once they are settled, the crash order. It prints the deliveries that were not plain successes or
 // duplicates to w, and returns the report once every message is settled
 // and the consumers are closed, or an error if they could not be (ctx
 // ended). Report.Check gives the verdict.
@@ -190,6 +210,13 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		failed   atomic.Bool
 		slowRan  = make(chan struct{})
 		slowOnce sync.Once
+		// The crash: which consumer crashed and when, and the closing of
+		// its router; then the acked charge of the crash order.
+		crashed      atomic.Bool
+		crashAt      time.Time
+		crashClosed  = make(chan error, 1)
+		crashCharged = make(chan struct{})
+		crashOnce    sync.Once
 	)
 	counted := &outage{Store: fleet.Counted(store, &calls), key: namespace + ":" + OutageOrder, failures: 2}
 	poisoned := &countingPublisher{}
@@ -210,6 +237,12 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 				rep.SlowInFlight++
 			}
 		}
+		if ev.Key == namespace+":"+CrashOrder && ev.Outcome == idempotency.OutcomeProcessed && ev.Acked() {
+			crashOnce.Do(func() {
+				rep.CrashTakeover, rep.CrashRecovery = ev.Lease.Takeover, time.Since(crashAt)
+				close(crashCharged)
+			})
+		}
 		if ev.Outcome == idempotency.OutcomeDuplicate {
 			if done, _ := sink.Applied(ev.Key); !done {
 				rep.AckedEarly = append(rep.AckedEarly, ev.Key)
@@ -226,7 +259,7 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 			return h(msg)
 		}
 	}
-	handler := func(msg *message.Message) error {
+	charge := func(msg *message.Message) error {
 		lease, ok := idempotency.LeaseFromContext(msg.Context())
 		if !ok {
 			return errors.New("no lease in the handler's context")
@@ -251,8 +284,33 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		return sink.Apply(lease)
 	}
 
-	logger := watermill.NopLogger{}
 	var routers []*message.Router
+	// crash stops the consumer's store calls and closes its router, as
+	// the death of its process would, and holds the delivery until the
+	// middleware gives up the lease it can no longer renew.
+	crash := func(msg *message.Message, consumer int, store *crashable) error {
+		mu.Lock()
+		crashAt, rep.CrashedConsumer = time.Now(), routerNames[consumer]
+		router := routers[consumer]
+		mu.Unlock()
+		store.dead.Store(true)
+		if b.Crash != nil {
+			b.Crash(routerNames[consumer])
+		}
+		go func() { crashClosed <- router.Close() }()
+		<-msg.Context().Done()
+		return fmt.Errorf("crashed: %w", context.Cause(msg.Context()))
+	}
+	handler := func(consumer int, store *crashable) message.NoPublishHandlerFunc {
+		return func(msg *message.Message) error {
+			if msg.Metadata.Get("order_id") == CrashOrder && crashed.CompareAndSwap(false, true) {
+				return crash(msg, consumer, store)
+			}
+			return charge(msg)
+		}
+	}
+
+	logger := watermill.NopLogger{}
 	closeAll := func() error {
 		var errs []error
 		for _, r := range routers {
@@ -261,13 +319,14 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		return errors.Join(errs...)
 	}
 	defer closeAll() //nolint:errcheck // closed below, or the run failed anyway
-	for _, consumer := range []string{"consumer-a", "consumer-b"} {
+	for i, consumer := range routerNames {
 		sub, err := b.Subscriber(consumer)
 		if err != nil {
 			return rep, fmt.Errorf("%s subscriber: %w", consumer, err)
 		}
+		store := &crashable{Store: counted}
 		cfg := idempotency.Config{
-			Store:     counted,
+			Store:     store,
 			Key:       keyfunc.Metadata("order_id"),
 			Namespace: namespace,
 			LeaseTTL:  5 * time.Second,
@@ -293,8 +352,10 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		router.AddMiddleware(poison, track)
 		router.AddMiddleware(b.Middleware...)
 		router.AddMiddleware(idem.Middleware)
-		router.AddConsumerHandler(consumer, b.Topic, sub, handler)
+		router.AddConsumerHandler(consumer, b.Topic, sub, handler(i, store))
+		mu.Lock()
 		routers = append(routers, router)
+		mu.Unlock()
 		go func() { _ = router.Run(ctx) }()
 		select {
 		case <-router.Running():
@@ -352,6 +413,31 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+	// The crash: one consumer takes the crash order and dies holding it.
+	// The broker must bring it to the other, which takes the dead
+	// holder's lease over once it has run out.
+	rep.Orders++
+	if err := publish(CrashOrder, 1); err != nil {
+		return rep, err
+	}
+	var crashCloseErr error
+	for closed := false; ; {
+		select {
+		case crashCloseErr = <-crashClosed:
+			closed = true
+		case <-crashCharged:
+			crashCharged = nil
+		case <-ctx.Done():
+			return rep, fmt.Errorf("the crash order was not charged after the crash (charged: %v, crashed router closed: %v): %w",
+				crashCharged == nil, closed, ctx.Err())
+		}
+		if closed && crashCharged == nil {
+			break
+		}
+	}
+	if crashCloseErr != nil {
+		fmt.Fprintf(w, "  closing the crashed consumer: %v\n", crashCloseErr)
+	}
 	if err := closeAll(); err != nil {
 		return rep, fmt.Errorf("closing the consumers: %w", err)
 	}
@@ -368,6 +454,46 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		rep.Applied[strings.TrimPrefix(key, namespace+":")] = t.Applied
 	}
 	return rep, nil
+}
+
+// routerNames are the consumers' names, and their handlers'.
+var routerNames = []string{"consumer-a", "consumer-b"}
+
+// crashable is one consumer's store: once dead, every call the
+// middleware makes fails, as it would from a process that is gone.
+type crashable struct {
+	backends.Store
+	dead atomic.Bool
+}
+
+var errCrashed = fmt.Errorf("%w: the consumer crashed", backends.ErrRejected)
+
+func (c *crashable) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
+	if c.dead.Load() {
+		return backends.AcquireResult{}, errCrashed
+	}
+	return c.Store.Acquire(ctx, req)
+}
+
+func (c *crashable) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
+	if c.dead.Load() {
+		return errCrashed
+	}
+	return c.Store.Renew(ctx, lease, ttl)
+}
+
+func (c *crashable) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
+	if c.dead.Load() {
+		return errCrashed
+	}
+	return c.Store.Complete(ctx, lease, output)
+}
+
+func (c *crashable) Release(ctx context.Context, lease backends.Lease) error {
+	if c.dead.Load() {
+		return errCrashed
+	}
+	return c.Store.Release(ctx, lease)
 }
 
 // outage fails the first acquisitions of one key, as a store that is down

@@ -8,9 +8,10 @@ import (
 // The check behind every broker's verdict fails on what it must catch.
 func TestReportCheckCatchesFailures(t *testing.T) {
 	good := func() Report {
-		return Report{Orders: 3, Applied: map[string]int{SlowOrder: 1, FlakyOrder: 1, OutageOrder: 1},
+		return Report{Orders: 4, Applied: map[string]int{SlowOrder: 1, FlakyOrder: 1, OutageOrder: 1, CrashOrder: 1},
 			Outcomes: map[string]int64{"handler_failed": 1, "store_error": 1}, SlowDeliveries: 3, SlowInFlight: 1,
-			StoreCallsWhileSlow: 10, SlowRun: 2 * time.Second, RedeliversWhileRunning: true}
+			StoreCallsWhileSlow: 10, SlowRun: 2 * time.Second, RedeliversWhileRunning: true,
+			CrashedConsumer: "consumer-a", CrashTakeover: true, CrashRecovery: 5 * time.Second}
 	}
 	if err := good().Check(); err != nil {
 		t.Fatal(err)
@@ -28,6 +29,8 @@ func TestReportCheckCatchesFailures(t *testing.T) {
 		"a hot loop":                      func(r *Report) { r.StoreCallsWhileSlow = 1000 },
 		"no duplicate while the slow ran": func(r *Report) { r.SlowInFlight = 0 },
 		"no redelivery by the broker":     func(r *Report) { r.SlowDeliveries = 2 },
+		"the crash order never charged":   func(r *Report) { delete(r.Applied, CrashOrder) },
+		"no takeover after the crash":     func(r *Report) { r.CrashTakeover = false },
 	} {
 		r := good()
 		bad(&r)
