@@ -66,6 +66,21 @@ func (r ListRequest) Prefix() string {
 	return r.Namespace + ":"
 }
 
+// Range is the key range the request's namespace selects, for stores
+// that keep keys in order: from lower up to, not including, upper; upper
+// is nil for every key. The prefix ends with ':', so the first key after
+// the range ends with ';' instead.
+func (r ListRequest) Range() (lower, upper []byte) {
+	prefix := r.Prefix()
+	lower = []byte(prefix)
+	if prefix == "" {
+		return lower, nil
+	}
+	upper = []byte(prefix)
+	upper[len(upper)-1]++
+	return lower, upper
+}
+
 // After decodes the cursor into the last key of the previous page (empty
 // for the first page), wrapping [ErrInvalidRequest] if it is malformed.
 // Listers that page by key, as this package's stores do, use it with

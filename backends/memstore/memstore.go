@@ -33,8 +33,12 @@ type Store struct {
 
 	mu        sync.Mutex
 	records   map[string]*record
+	watches   map[string]map[*watch]struct{}
 	lastPrune time.Time
 }
+
+// watch is one caller's watch on a key; changed is closed once.
+type watch struct{ changed chan struct{} }
 
 type state uint8
 
@@ -69,6 +73,7 @@ func New(opts Options) *Store {
 		now:           opts.Now,
 		pruneInterval: opts.PruneInterval,
 		records:       make(map[string]*record),
+		watches:       make(map[string]map[*watch]struct{}),
 		lastPrune:     opts.Now(),
 	}
 }
@@ -191,6 +196,9 @@ func (s *Store) update(ctx context.Context, l backends.Lease, durErr error, fn f
 		return backends.ErrLeaseLost
 	}
 	fn(r, now)
+	if r.state != stateInProgress {
+		s.wakeLocked(l.Key) // completed or released: the waiters may go on
+	}
 	return nil
 }
 
@@ -272,6 +280,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		return backends.ErrNotFound
 	}
 	delete(s.records, key)
+	s.wakeLocked(key)
 	return nil
 }
 
@@ -327,4 +336,38 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 		}
 	}
 	return c, nil
+}
+
+var _ backends.Watcher = (*Store)(nil)
+
+// Watch implements [backends.Watcher]: Complete, Release and Delete wake
+// the key's watches at once. It is always ok: a watch is in place as soon
+// as it is registered.
+func (s *Store) Watch(_ context.Context, key string) (<-chan struct{}, func(), bool) {
+	w := &watch{changed: make(chan struct{})}
+	s.mu.Lock()
+	if s.watches[key] == nil {
+		s.watches[key] = map[*watch]struct{}{}
+	}
+	s.watches[key][w] = struct{}{}
+	s.mu.Unlock()
+	stop := func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if ws := s.watches[key]; ws != nil {
+			delete(ws, w)
+			if len(ws) == 0 {
+				delete(s.watches, key)
+			}
+		}
+	}
+	return w.changed, stop, true
+}
+
+// wakeLocked closes and forgets the key's watches. The caller holds s.mu.
+func (s *Store) wakeLocked(key string) {
+	for w := range s.watches[key] {
+		close(w.changed)
+	}
+	delete(s.watches, key)
 }

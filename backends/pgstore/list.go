@@ -18,19 +18,6 @@ const stateFilter = `CASE $4::int
 	WHEN 3 THEN state = 2
 	ELSE state = 3 END`
 
-// bounds returns the key range of a namespace: keys from prefix up to,
-// not including, upper; upper is nil for every key. prefix always ends
-// with ':', so the first key after the range ends with ';' instead.
-func bounds(prefix string) (lower, upper []byte) {
-	lower = []byte(prefix)
-	if prefix == "" {
-		return lower, nil
-	}
-	upper = []byte(prefix)
-	upper[len(upper)-1]++
-	return lower, upper
-}
-
 // List implements [backends.Lister]: keyset pagination on the table's
 // primary key, one indexed range scan per page. It needs a DB that can
 // run queries (a *pgxpool.Pool, *pgx.Conn or pgx.Tx).
@@ -45,7 +32,7 @@ func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.Li
 		return backends.ListPage{}, fmt.Errorf("pgstore: list: %T cannot run queries", s.db)
 	}
 	after, _ := req.After()
-	lower, upper := bounds(req.Prefix())
+	lower, upper := req.Range()
 	rows, err := q.Query(ctx, s.sql.list, []byte(after), lower, upper, int(req.State), req.Limit)
 	if err != nil {
 		return backends.ListPage{}, opError("list", err)
@@ -64,7 +51,7 @@ func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.Li
 // Count implements [backends.Lister] with one aggregate over the
 // namespace's key range.
 func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, error) {
-	lower, upper := bounds(backends.ListRequest{Namespace: namespace}.Prefix())
+	lower, upper := backends.ListRequest{Namespace: namespace}.Range()
 	var c backends.Counts
 	err := s.db.QueryRow(ctx, s.sql.count, lower, upper).Scan(&c.InProgress, &c.Expired, &c.Released, &c.Completed)
 	if err != nil {

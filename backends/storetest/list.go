@@ -89,7 +89,7 @@ func (s *suite) fill(t *testing.T) map[backends.State][]string {
 	for _, k := range []string{s.namespace() + "x:k", s.namespace(), s.namespace() + ";k"} {
 		s.mustAcquire(t, k, s.owner(), long)
 	}
-	s.wait(2) // the short leases expire
+	s.waitPast(2) // the short leases expire
 	for _, keys := range byState {
 		slices.Sort(keys)
 	}

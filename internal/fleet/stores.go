@@ -124,3 +124,28 @@ func (c *counted) PoolSize() int { return poolSize(c.Store) }
 
 // PoolSize forwards the wrapped store's pool size.
 func (f *flaky) PoolSize() int { return poolSize(f.Store) }
+
+// outputLimit forwards the wrapped store's backends.OutputLimiter, 0 if
+// none.
+func outputLimit(s backends.Store) int {
+	if ol, ok := s.(backends.OutputLimiter); ok {
+		return ol.MaxOutputBytes()
+	}
+	return 0
+}
+
+// MaxOutputBytes forwards the wrapped store's output limit.
+func (c *counted) MaxOutputBytes() int { return outputLimit(c.Store) }
+
+// MaxOutputBytes forwards the wrapped store's output limit.
+func (f *flaky) MaxOutputBytes() int { return outputLimit(f.Store) }
+
+// Watch forwards the wrapped store's backends.Watcher.
+func (c *counted) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
+	return backends.WatchOf(ctx, c.Store, key)
+}
+
+// Watch forwards the wrapped store's backends.Watcher.
+func (f *flaky) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
+	return backends.WatchOf(ctx, f.Store, key)
+}

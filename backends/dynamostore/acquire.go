@@ -1,0 +1,185 @@
+package dynamostore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
+
+// A way to take the lease, each one conditional write whose condition is
+// exactly the case it serves. DynamoDB's update expressions cannot choose
+// between values, so each case that sets different values is its own
+// write; Acquire tries the likeliest, and when its condition fails it
+// learns the record from the failure and tries the case that record is in.
+type way int
+
+const (
+	// fresh: no record, or one past its retention. A new record whose
+	// fencing token still counts up from the old one's.
+	fresh way = iota
+	// afterRelease: a released record.
+	afterRelease
+	// takeover: another owner's expired lease.
+	takeover
+	// reentrant: the caller's own lease, extended.
+	reentrant
+)
+
+const (
+	// common sets a lease's owner and times.
+	common = `#state = :one, #owner = :owner, #lease = :lease, #retention = :retention, #forget = :forget, #ttl = :ttl, #ttl_after = :ttl_after`
+	// next counts an acquisition of a live record.
+	next = `, #token = #token + :one, #attempt = #attempt + :one`
+	// adoptFP keeps a record's fingerprint, or adopts the request's.
+	adoptFP = `, #fp = if_not_exists(#fp, :fp)`
+)
+
+// write is the UpdateItem of way w; fp tells whether the request has a
+// fingerprint.
+func (w way) write(fp bool) (set, cond string) {
+	switch w {
+	case fresh:
+		set = `SET ` + common + `, #token = if_not_exists(#token, :zero) + :one, #attempt = :one`
+		if fp {
+			return set + `, #fp = :fp REMOVE #output, #completed`, `attribute_not_exists(#id) OR #forget <= :old`
+		}
+		return set + ` REMOVE #output, #completed, #fp`, `attribute_not_exists(#id) OR #forget <= :old`
+	case afterRelease:
+		set, cond = `SET `+common+next, `#forget > :old AND #state = :two`
+	case takeover:
+		set, cond = `SET `+common+next, `#forget > :old AND #state = :one AND #lease <= :old AND #owner <> :owner`
+	case reentrant:
+		set, cond = `SET #lease = :lease, #retention = :retention, #forget = :forget, #ttl = :ttl, #ttl_after = :ttl_after`,
+			`#forget > :old AND #state = :one AND #owner = :owner`
+	}
+	if fp {
+		set += adoptFP
+	}
+	return set, cond
+}
+
+// maxRounds bounds the writes of one Acquire. Each failed write means the
+// record changed between two of them, so running out takes a key under a
+// write storm; the caller retries the error as transient.
+const maxRounds = 8
+
+// Acquire implements [backends.Store]: one conditional write for a new
+// key or a duplicate, two for a takeover or an acquisition after a
+// release. See the package documentation.
+func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
+	if err := req.Validate(); err != nil {
+		return backends.AcquireResult{}, err
+	}
+	if len(req.Fingerprint) > MaxFingerprintBytes {
+		return backends.AcquireResult{}, fmt.Errorf("%w: fingerprint of %d bytes, the limit is %d", backends.ErrInvalidRequest, len(req.Fingerprint), MaxFingerprintBytes)
+	}
+	w := fresh
+	for range maxRounds {
+		now := s.now().UnixMilli()
+		lease := now + ms(req.LeaseTTL)
+		retention := ms(req.Retention)
+		vals := values(map[string]types.AttributeValue{
+			":owner": str(req.Owner), ":old": num(now - s.skew),
+			":lease": num(lease), ":retention": num(retention), ":forget": num(lease + retention),
+			":ttl": num(seconds(lease+retention+s.skew) + 1), ":ttl_after": num(seconds(retention+s.skew) + 1),
+		})
+		if req.Fingerprint != nil {
+			vals[":fp"] = bin(req.Fingerprint)
+		}
+		set, cond := w.write(req.Fingerprint != nil)
+		out, err := s.update(ctx, req.Key, set, cond, vals, types.ReturnValueAllNew)
+		if err == nil {
+			return s.acquired(req, w, out.Attributes)
+		}
+		old, failed := conditionFailed(err)
+		if !failed {
+			return backends.AcquireResult{}, opError("acquire", err)
+		}
+		it, present, err := s.image(ctx, req.Key, old)
+		if err != nil {
+			return backends.AcquireResult{}, opError("acquire", err)
+		}
+		now = s.now().UnixMilli()
+		st, present := s.judgeIf(it, present, now)
+		switch {
+		case !present:
+			w = fresh
+		case st == backends.StateReleased:
+			w = afterRelease
+		case (st == backends.StateInProgress || st == backends.StateExpired) && it.owner == req.Owner:
+			w = reentrant
+		case st == backends.StateExpired:
+			w = takeover
+		default: // in progress for another owner, or completed
+			res, done, err := s.busy(ctx, req, it, st, now)
+			if done || err != nil {
+				return res, err
+			}
+			// The fingerprint could not be adopted: the record changed.
+		}
+	}
+	return backends.AcquireResult{}, fmt.Errorf("dynamostore: acquire %q: the record changed under each of %d writes", req.Key, maxRounds)
+}
+
+// judgeIf judges a record that is present.
+func (s *Store) judgeIf(it item, present bool, now int64) (backends.State, bool) {
+	if !present {
+		return 0, false
+	}
+	return s.judge(it, now)
+}
+
+// image is the record a failed condition was checked against: the item
+// DynamoDB returned with the failure, or, from a server that returns none
+// (DynamoDB Local before 2023, dynalite), a strongly consistent read.
+func (s *Store) image(ctx context.Context, key string, old map[string]types.AttributeValue) (item, bool, error) {
+	if len(old) == 0 {
+		return s.get(ctx, key)
+	}
+	it, err := decode(old)
+	return it, err == nil, err
+}
+
+// acquired builds the result of a successful write of way w.
+func (s *Store) acquired(req backends.AcquireRequest, w way, attrs map[string]types.AttributeValue) (backends.AcquireResult, error) {
+	it, err := decode(attrs)
+	if err != nil {
+		return backends.AcquireResult{}, err
+	}
+	return backends.AcquireResult{
+		Status: backends.Acquired,
+		Lease: backends.Lease{
+			Key: req.Key, Owner: req.Owner, Token: it.token, Attempt: int(it.attempt),
+			Takeover: w == takeover, Reentrant: w == reentrant,
+		},
+		Fingerprint: it.fingerprint,
+	}, nil
+}
+
+// busy answers for a record held by another owner or completed, first
+// giving the record the request's fingerprint if it has none (the first
+// fingerprint given is kept). done is false if that write found the
+// record changed.
+func (s *Store) busy(ctx context.Context, req backends.AcquireRequest, it item, st backends.State, now int64) (res backends.AcquireResult, done bool, err error) {
+	if req.Fingerprint != nil && it.fingerprint == nil {
+		vals := map[string]types.AttributeValue{":fp": bin(req.Fingerprint), ":old": num(now - s.skew)}
+		_, err := s.update(ctx, req.Key, `SET #fp = :fp`, `#forget > :old AND attribute_not_exists(#fp)`, vals, types.ReturnValueNone)
+		if _, failed := conditionFailed(err); failed {
+			return backends.AcquireResult{}, false, nil
+		}
+		if err != nil {
+			return backends.AcquireResult{}, true, opError("acquire", err)
+		}
+		it.fingerprint = req.Fingerprint
+	}
+	res = backends.AcquireResult{Fingerprint: it.fingerprint}
+	if st == backends.StateCompleted {
+		res.Status, res.CompletedAt, res.Output = backends.Completed, s.record(it, st).CompletedAt, it.output
+	} else {
+		res.Status, res.Remaining = backends.InProgress, msDuration(it.lease+s.skew-now)
+	}
+	return res, true, nil
+}

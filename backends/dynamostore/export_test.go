@@ -1,0 +1,6 @@
+package dynamostore
+
+import "time"
+
+// SetClock makes s read the time from now: the tests move it by hand.
+func SetClock(s *Store, now func() time.Time) { s.now = now }

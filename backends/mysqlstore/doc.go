@@ -1,0 +1,39 @@
+// Package mysqlstore is a [backends.Store] on MySQL or MariaDB (InnoDB),
+// on database/sql with go-sql-driver/mysql. It is its own Go module. Like
+// pgstore it completes a key in the handler's own transaction
+// ([Store.CompleteTx]), for exactly-once effects.
+//
+//	db, err := sql.Open("mysql", "app:secret@tcp(db:3306)/app")
+//	store, err := mysqlstore.New(db, mysqlstore.Options{})
+//	err = store.Migrate(ctx)
+//
+// # Protocol
+//
+// Acquire is one INSERT ... ON DUPLICATE KEY UPDATE that decides, on the
+// locked row and with the server's clock, whether the caller takes the
+// lease; on MariaDB 10.5 and later its RETURNING clause answers in the same
+// statement, on MySQL (no RETURNING) the upsert and a read of the row run
+// in one transaction. Renew, Complete and Release are UPDATEs that match
+// only the lease's owner, fencing token and live record. Statements that
+// deadlock (1213) or time out waiting for a lock (1205) are run again, a
+// few times; inside the caller's transaction (CompleteTx) they are not,
+// since the server rolled the whole transaction back.
+//
+// # Time
+//
+// Times are Unix microseconds from UTC_TIMESTAMP(6), fixed for a statement
+// and independent of the session's time zone; the driver's loc and
+// parseTime settings do not matter.
+//
+// # Keys
+//
+// Keys and owners are VARBINARY: compared byte for byte, so no collation
+// makes 'order-A' and 'ORDER-a' (or 'order-a ') the same key.
+//
+// # Record lifetime
+//
+// A record counts as absent one retention after its lease ends, it is
+// released or it is completed; [Store.Cleanup] and [Store.RunCleaner]
+// delete such records in bounded batches, but correctness never depends on
+// them. docs/mysql.md has the schema, the dialects and tuning.
+package mysqlstore

@@ -1,0 +1,608 @@
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	_ "embed"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"text/template"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/internal/cleaner"
+)
+
+var (
+	_ backends.Store  = (*Store)(nil)
+	_ backends.Lister = (*Store)(nil)
+)
+
+// Execer is what CompleteTx needs from the caller's transaction: a
+// *sql.Tx, a *sql.Conn and a *sql.DB all satisfy it.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// Defaults for [Options].
+const DefaultTable = "idempotency_keys"
+
+// Flavor is the server's SQL dialect, as far as the store cares.
+type Flavor int
+
+const (
+	// FlavorDetect asks the server (SELECT VERSION()) on first use.
+	FlavorDetect Flavor = iota
+	// FlavorMariaDB: MariaDB 10.5 or later, whose INSERT ... RETURNING
+	// makes Acquire one statement.
+	FlavorMariaDB
+	// FlavorMySQL: MySQL 8, or an older MariaDB. Acquire runs its upsert
+	// and a read of the row in one transaction.
+	FlavorMySQL
+)
+
+// String returns the flavor's name.
+func (f Flavor) String() string {
+	switch f {
+	case FlavorDetect:
+		return "detect"
+	case FlavorMariaDB:
+		return "mariadb"
+	case FlavorMySQL:
+		return "mysql"
+	}
+	return fmt.Sprintf("Flavor(%d)", int(f))
+}
+
+// Errors returned by [New].
+var (
+	// ErrNilDB: New was given no database.
+	ErrNilDB = errors.New("mysqlstore: nil DB")
+	// ErrInvalidOptions is wrapped by New's errors for options out of
+	// range.
+	ErrInvalidOptions = errors.New("mysqlstore: invalid options")
+)
+
+// Options configures a [Store]. The zero value is ready to use.
+type Options struct {
+	// Table is the records' table, optionally qualified by its database
+	// ("db.table"); Migrate creates it. Defaults to DefaultTable.
+	Table string
+	// Flavor is the server's dialect. Defaults to FlavorDetect.
+	Flavor Flavor
+}
+
+// Store is a [backends.Store] on MySQL or MariaDB (InnoDB). Create it
+// with [New] and call [Store.Migrate] once before use.
+type Store struct {
+	db   *sql.DB
+	opts Options
+	sql  statements
+
+	mu     sync.Mutex
+	flavor Flavor // detected, or opts.Flavor
+}
+
+// statement is SQL with ? placeholders and the names of its parameters,
+// in order.
+type statement struct {
+	sql   string
+	names []string
+}
+
+type statements struct {
+	schema, acquireNamed                 string
+	acquire                              statement
+	acquireReturning, acquireRead        string
+	renew, complete, release, stillHeld  string
+	inspect, list, count                 string
+	deleteLive, deleteAny, cleanup, lock string
+}
+
+var (
+	//go:embed schema.sql
+	schemaSQL string
+	//go:embed acquire.sql
+	acquireSQL string
+)
+
+// now is the server's clock in Unix microseconds: UTC_TIMESTAMP is fixed
+// for the statement and, unlike NOW(), does not depend on the session's
+// time zone.
+const now = `TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))`
+
+var (
+	paramRE  = regexp.MustCompile(`:[a-z]+`)
+	tableRE  = regexp.MustCompile(`^[A-Za-z0-9_$]{1,64}(\.[A-Za-z0-9_$]{1,64})?$`)
+	columnsS = `state, owner, token, attempt, how, lease_expires_us, completed_us, fingerprint, output, ` + now
+)
+
+// named turns :name parameters into ? and records their order.
+func named(src string) statement {
+	var st statement
+	st.sql = paramRE.ReplaceAllStringFunc(src, func(p string) string {
+		st.names = append(st.names, p[1:])
+		return "?"
+	})
+	return st
+}
+
+func (st statement) args(vals map[string]any) []any {
+	out := make([]any, len(st.names))
+	for i, n := range st.names {
+		out[i] = vals[n]
+	}
+	return out
+}
+
+// New returns a store on db. It does not contact the server.
+func New(db *sql.DB, opts Options) (*Store, error) {
+	if db == nil {
+		return nil, ErrNilDB
+	}
+	if opts.Table == "" {
+		opts.Table = DefaultTable
+	}
+	if !tableRE.MatchString(opts.Table) {
+		return nil, fmt.Errorf("%w: table name %q: [database.]table, each 1 to 64 of A-Z, a-z, 0-9, '_' and '$'", ErrInvalidOptions, opts.Table)
+	}
+	if opts.Flavor < FlavorDetect || opts.Flavor > FlavorMySQL {
+		return nil, fmt.Errorf("%w: unknown flavor %d", ErrInvalidOptions, int(opts.Flavor))
+	}
+	parts := strings.Split(opts.Table, ".")
+	quoted := make([]string, len(parts))
+	for i, p := range parts {
+		quoted[i] = "`" + p + "`"
+	}
+	table := strings.Join(quoted, ".")
+	vars := map[string]string{"Table": table, "Index": "`" + parts[len(parts)-1] + "_fa`", "Now": now}
+	render := func(src string) string {
+		var b strings.Builder
+		template.Must(template.New("").Parse(src)).Execute(&b, vars) // fixed templates: cannot fail
+		return b.String()
+	}
+	held := "`key` = ? AND owner = ? AND token = ? AND state = 1 AND forget_us > " + now
+	acquireNamed := render(acquireSQL)
+	acquire := named(acquireNamed)
+	s := &Store{db: db, opts: opts, flavor: opts.Flavor, sql: statements{
+		schema:           render(schemaSQL),
+		acquireNamed:     acquireNamed + "\nRETURNING " + columnsS,
+		acquire:          acquire,
+		acquireReturning: acquire.sql + "\nRETURNING " + columnsS,
+		acquireRead:      "SELECT " + columnsS + " FROM " + table + " WHERE `key` = ?",
+		renew:            "UPDATE " + table + " SET lease_expires_us = " + now + " + ?, forget_us = " + now + " + ? + retention_us WHERE " + held,
+		complete:         "UPDATE " + table + " SET state = 3, completed_us = " + now + ", output = ?, forget_us = " + now + " + retention_us WHERE " + held,
+		release:          "UPDATE " + table + " SET state = 2, forget_us = " + now + " + retention_us WHERE " + held,
+		stillHeld:        "SELECT 1 FROM " + table + " WHERE " + held,
+		inspect:          "SELECT " + recordColumns + " FROM " + table + " WHERE `key` = ? AND forget_us > " + now,
+		list: "SELECT " + recordColumns + " FROM " + table + " WHERE forget_us > " + now +
+			" AND `key` > ? AND `key` >= ? AND (? IS NULL OR `key` < ?) AND " + stateFilter + " ORDER BY `key` LIMIT ?",
+		count: "SELECT COALESCE(SUM(state = 1 AND lease_expires_us > " + now + "), 0), COALESCE(SUM(state = 1 AND lease_expires_us <= " + now + "), 0)," +
+			" COALESCE(SUM(state = 2), 0), COALESCE(SUM(state = 3), 0) FROM " + table +
+			" WHERE forget_us > " + now + " AND `key` >= ? AND (? IS NULL OR `key` < ?)",
+		deleteLive: "DELETE FROM " + table + " WHERE `key` = ? AND forget_us > " + now,
+		deleteAny:  "DELETE FROM " + table + " WHERE `key` = ?",
+		cleanup:    "DELETE FROM " + table + " WHERE forget_us <= " + now + " ORDER BY forget_us LIMIT ?",
+		lock:       "mysqlstore:migrate:" + opts.Table,
+	}}
+	return s, nil
+}
+
+// Options returns the store's options with defaults applied.
+func (s *Store) Options() Options { return s.opts }
+
+// Statements returns the SQL of Acquire, as MariaDB runs it, with named
+// parameters (:key, :owner, :ttl and :ret in microseconds, :fp; the store
+// binds them as ? in order), and of Complete (? for the output, the key,
+// the owner and the token), exactly as the store runs them: for review,
+// EXPLAIN, and running them raw (benchmarks/mysqlbench does). On MySQL
+// the upsert runs without RETURNING, followed by a read of the row.
+func (s *Store) Statements() (acquire, complete string) {
+	return s.sql.acquireNamed, s.sql.complete
+}
+
+// Schema returns the SQL that Migrate runs, for an external migration
+// tool.
+func (s *Store) Schema() string { return s.sql.schema + ";\n" }
+
+// Migrate creates the table if it does not exist. It is idempotent and
+// safe to call from several instances at once (they take a named lock).
+func (s *Store) Migrate(ctx context.Context) error {
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("mysqlstore: migrate: %w", err)
+	}
+	defer conn.Close()
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 60)", s.sql.lock).Scan(&got); err != nil || got.Int64 != 1 {
+		return fmt.Errorf("mysqlstore: migrate: lock: %v %w", got, err)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", s.sql.lock) //nolint:errcheck
+	if _, err := conn.ExecContext(ctx, s.sql.schema); err != nil {
+		return opError("migrate", err)
+	}
+	return nil
+}
+
+// Flavor returns the dialect the store uses, detecting it if it was not
+// given and has not been yet.
+func (s *Store) Flavor(ctx context.Context) (Flavor, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.flavor != FlavorDetect {
+		return s.flavor, nil
+	}
+	var version string
+	if err := s.db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		return FlavorDetect, opError("detect flavor", err)
+	}
+	s.flavor = flavorOf(version)
+	return s.flavor, nil
+}
+
+// flavorOf reads a VERSION() string: MariaDB from 10.5 has RETURNING.
+func flavorOf(version string) Flavor {
+	if !strings.Contains(strings.ToLower(version), "mariadb") {
+		return FlavorMySQL
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(version, "%d.%d", &major, &minor); err != nil || major < 10 || major == 10 && minor < 5 {
+		return FlavorMySQL
+	}
+	return FlavorMariaDB
+}
+
+// MySQL error numbers the store acts on.
+const (
+	errLockWait = 1205
+	errDeadlock = 1213
+)
+
+// opError wraps a failed call's error, marking with [backends.ErrRejected]
+// the server errors that retrying cannot fix.
+func opError(op string, err error) error {
+	var myErr *mysql.MySQLError
+	if errors.As(err, &myErr) && rejected(myErr.Number) {
+		return fmt.Errorf("mysqlstore: %s: %w: %w", op, backends.ErrRejected, err)
+	}
+	return fmt.Errorf("mysqlstore: %s: %w", op, err)
+}
+
+// rejected reports whether a server error is one retrying cannot fix:
+// access denied (1044, 1045, 1142, 1143), no database or table (1046,
+// 1049, 1146), an unknown column or a syntax error (1054, 1064), a value
+// the column or the packet cannot hold (1153, 1366, 1406). Lock waits,
+// deadlocks, lost connections and read-only errors during a failover are
+// transient.
+func rejected(n uint16) bool {
+	switch n {
+	case 1044, 1045, 1046, 1049, 1054, 1064, 1142, 1143, 1146, 1153, 1366, 1406:
+		return true
+	}
+	return false
+}
+
+// retryable reports whether err is a deadlock or a lock wait timeout: the
+// server rolled the statement back, so running it again is safe.
+func retryable(err error) bool {
+	var myErr *mysql.MySQLError
+	return errors.As(err, &myErr) && (myErr.Number == errDeadlock || myErr.Number == errLockWait)
+}
+
+// maxTries bounds how often a statement that deadlocked is run again.
+const maxTries = 4
+
+// retry runs fn again while it deadlocks, at most maxTries times.
+func retry(ctx context.Context, fn func() error) error {
+	var err error
+	for i := range maxTries {
+		if err = fn(); !retryable(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(i+1) * 5 * time.Millisecond):
+		}
+	}
+	return err
+}
+
+// us converts d to whole microseconds, rounding up, so a lease is never
+// shorter than asked for.
+func us(d time.Duration) int64 { return int64((d + time.Microsecond - 1) / time.Microsecond) }
+
+// Acquire implements [backends.Store]: one statement on MariaDB (INSERT
+// ... ON DUPLICATE KEY UPDATE ... RETURNING), the same upsert and a read
+// of the row in one transaction on MySQL.
+func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
+	if err := req.Validate(); err != nil {
+		return backends.AcquireResult{}, err
+	}
+	flavor, err := s.Flavor(ctx)
+	if err != nil {
+		return backends.AcquireResult{}, err
+	}
+	var fp any
+	if req.Fingerprint != nil {
+		fp = req.Fingerprint
+	}
+	args := s.sql.acquire.args(map[string]any{
+		"key": []byte(req.Key), "owner": []byte(req.Owner), "ttl": us(req.LeaseTTL), "ret": us(req.Retention), "fp": fp,
+	})
+	var row acquired
+	err = retry(ctx, func() error {
+		if flavor == FlavorMariaDB {
+			return row.scan(s.db.QueryRowContext(ctx, s.sql.acquireReturning, args...))
+		}
+		return s.acquireInTx(ctx, args, &row)
+	})
+	if err != nil {
+		return backends.AcquireResult{}, opError("acquire", err)
+	}
+	return row.result(req)
+}
+
+// acquireInTx runs the upsert and reads the row it left in one
+// transaction: the upsert locked the row, so the read sees this call's
+// outcome.
+func (s *Store) acquireInTx(ctx context.Context, args []any, row *acquired) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	if _, err := tx.ExecContext(ctx, s.sql.acquire.sql, args...); err != nil {
+		return err
+	}
+	if err := row.scan(tx.QueryRowContext(ctx, s.sql.acquireRead, args[0])); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// acquired is the row an Acquire left, as columnsS reads it.
+type acquired struct {
+	state, how          int16
+	owner               []byte
+	token               int64
+	attempt             int32
+	leaseUs, nowUs      int64
+	completedUs         sql.NullInt64
+	fingerprint, output []byte
+}
+
+func (a *acquired) scan(row *sql.Row) error {
+	return row.Scan(&a.state, &a.owner, &a.token, &a.attempt, &a.how, &a.leaseUs, &a.completedUs, &a.fingerprint, &a.output, &a.nowUs)
+}
+
+// How an Acquire decided, in the how column (acquire.sql).
+const (
+	howFresh = iota
+	howTakeover
+	howReentrant
+	howAfterRelease
+	howRefused
+)
+
+func (a *acquired) result(req backends.AcquireRequest) (backends.AcquireResult, error) {
+	res := backends.AcquireResult{Fingerprint: nilIfEmpty(a.fingerprint)}
+	switch {
+	case a.how != howRefused && a.state == 1 && string(a.owner) == req.Owner:
+		res.Status = backends.Acquired
+		res.Lease = backends.Lease{
+			Key: req.Key, Owner: req.Owner, Token: a.token, Attempt: int(a.attempt),
+			Takeover: a.how == howTakeover, Reentrant: a.how == howReentrant,
+		}
+	case a.state == 3:
+		res.Status = backends.Completed
+		res.CompletedAt = micros(a.completedUs.Int64)
+		res.Output = nilIfEmpty(a.output)
+	case a.state == 1:
+		res.Status = backends.InProgress
+		res.Remaining = time.Duration(a.leaseUs-a.nowUs) * time.Microsecond
+	default:
+		return backends.AcquireResult{}, fmt.Errorf("mysqlstore: acquire: record of %q in unexpected state %d (how %d)", req.Key, a.state, a.how)
+	}
+	return res, nil
+}
+
+func micros(v int64) time.Time { return time.UnixMicro(v) }
+
+func nilIfEmpty(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+// held runs on db an UPDATE that matches only the lease's own live
+// record. A server reports the rows an UPDATE changed, not those it
+// matched (unless the DSN sets clientFoundRows), so an update that
+// changed nothing is checked with a read before it counts as lost.
+func (s *Store) held(ctx context.Context, db Execer, op, query string, lease backends.Lease, args ...any) error {
+	if err := lease.Validate(); err != nil {
+		return err
+	}
+	args = append(args, []byte(lease.Key), []byte(lease.Owner), lease.Token)
+	var n int64
+	run := func() error {
+		res, err := db.ExecContext(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	}
+	var err error
+	if _, own := db.(*sql.DB); own {
+		err = retry(ctx, run) // a statement of its own: rolled back alone, run again
+	} else {
+		err = run() // the caller's transaction: a deadlock rolled it all back
+	}
+	if err != nil {
+		return opError(op, err)
+	}
+	if n == 1 {
+		return nil
+	}
+	q, ok := db.(interface {
+		QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	})
+	if !ok {
+		return backends.ErrLeaseLost
+	}
+	var one int
+	switch err := q.QueryRowContext(ctx, s.sql.stillHeld, args[len(args)-3:]...).Scan(&one); {
+	case errors.Is(err, sql.ErrNoRows):
+		return backends.ErrLeaseLost
+	case err != nil:
+		return opError(op, err)
+	}
+	return nil // matched, and already as the update would leave it
+}
+
+// Renew implements [backends.Store].
+func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
+	if err := backends.ValidateLeaseTTL(ttl); err != nil {
+		return err
+	}
+	return s.held(ctx, s.db, "renew", s.sql.renew, lease, us(ttl), us(ttl))
+}
+
+// Complete implements [backends.Store].
+func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
+	return s.held(ctx, s.db, "complete", s.sql.complete, lease, nilOrBytes(output))
+}
+
+// CompleteTx completes the lease inside tx, the transaction in which the
+// handler wrote its own rows, with the messages the handler will return:
+// if tx commits, the work, its completion and its output are recorded
+// together; if it rolls back, none is, and the key is retried. Take the
+// lease from the handler's context (LeaseFromContext in the middleware
+// package). The middleware notices that the handler completed the key and
+// does not complete it again; a duplicate gets output replayed, so pass
+// exactly what the handler returns. A deadlock here rolls back the whole
+// transaction: return the error, and the message is redelivered.
+func (s *Store) CompleteTx(ctx context.Context, tx Execer, lease backends.Lease, output []*message.Message) error {
+	return s.held(ctx, tx, "complete", s.sql.complete, lease, nilOrBytes(backends.EncodeOutput(output)))
+}
+
+func nilOrBytes(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+// Release implements [backends.Store].
+func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
+	return s.held(ctx, s.db, "release", s.sql.release, lease)
+}
+
+// recordColumns are the columns scanRecord reads, in order.
+const recordColumns = "`key`, state, owner, token, attempt, lease_expires_us, completed_us, forget_us, fingerprint, output, " + now
+
+type scanner interface{ Scan(dest ...any) error }
+
+// scanRecord reads a row of recordColumns.
+func scanRecord(row scanner) (backends.Record, error) {
+	var (
+		key, owner, fingerprint, output []byte
+		state                           int16
+		attempt                         int32
+		rec                             backends.Record
+		leaseUs, forgetUs, nowUs        int64
+		completedUs                     sql.NullInt64
+	)
+	if err := row.Scan(&key, &state, &owner, &rec.Token, &attempt, &leaseUs, &completedUs, &forgetUs, &fingerprint, &output, &nowUs); err != nil {
+		return backends.Record{}, err
+	}
+	rec.Key, rec.Owner, rec.Attempt = string(key), string(owner), int(attempt)
+	rec.LeaseExpiresAt, rec.ExpiresAt = micros(leaseUs), micros(forgetUs)
+	rec.Fingerprint, rec.Output = nilIfEmpty(fingerprint), nilIfEmpty(output)
+	switch {
+	case state == 3:
+		rec.State = backends.StateCompleted
+		rec.CompletedAt = micros(completedUs.Int64)
+	case state == 2:
+		rec.State = backends.StateReleased
+	case leaseUs > nowUs:
+		rec.State = backends.StateInProgress
+	default:
+		rec.State = backends.StateExpired
+	}
+	return rec, nil
+}
+
+// Inspect implements [backends.Store].
+func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
+	rec, err := scanRecord(s.db.QueryRowContext(ctx, s.sql.inspect, []byte(key)))
+	if errors.Is(err, sql.ErrNoRows) {
+		return backends.Record{}, backends.ErrNotFound
+	}
+	if err != nil {
+		return backends.Record{}, opError("inspect", err)
+	}
+	return rec, nil
+}
+
+// Delete implements [backends.Store]: a record past its retention is
+// deleted too, but reported as not found, as it already counted as absent.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	var n int64
+	err := retry(ctx, func() error {
+		res, err := s.db.ExecContext(ctx, s.sql.deleteLive, []byte(key))
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		return err
+	})
+	if err != nil {
+		return opError("delete", err)
+	}
+	if n == 1 {
+		return nil
+	}
+	if _, err := s.db.ExecContext(ctx, s.sql.deleteAny, []byte(key)); err != nil {
+		return opError("delete", err)
+	}
+	return backends.ErrNotFound
+}
+
+// Cleanup deletes up to batch records past their retention, oldest first,
+// and returns how many it deleted. Records past their retention already
+// count as absent, so cleanup only reclaims space; it never changes what
+// the store answers.
+func (s *Store) Cleanup(ctx context.Context, batch int) (int64, error) {
+	if batch <= 0 {
+		return 0, fmt.Errorf("%w: batch must be positive, got %d", backends.ErrInvalidRequest, batch)
+	}
+	var n int64
+	err := retry(ctx, func() error {
+		res, err := s.db.ExecContext(ctx, s.sql.cleanup, batch)
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		return err
+	})
+	if err != nil {
+		return 0, opError("cleanup", err)
+	}
+	return n, nil
+}
+
+// RunCleaner calls Cleanup every interval, in batches of batch records,
+// until ctx is done; a full batch is followed at once by another. It
+// returns ctx's error. Run it in a goroutine of your own and cancel ctx to
+// stop it. Errors from Cleanup are passed to onError (which may be nil)
+// and do not stop the cleaner.
+func (s *Store) RunCleaner(ctx context.Context, interval time.Duration, batch int, onError func(error)) error {
+	return cleaner.Run(ctx, interval, batch, onError, s.Cleanup)
+}
