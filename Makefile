@@ -3,7 +3,7 @@ GO          ?= go
 TEST_FLAGS  ?= -race -count=1
 BENCH_COUNT ?= 6
 BENCH_DIR   ?= .bench
-MODULES     := . examples benchmarks contrib/awssqs contrib/otel cmd/idem
+MODULES     := . examples benchmarks backends/dynamostore backends/mysqlstore contrib/awssqs contrib/otel cmd/idem
 TOOL_MODS   := tools
 
 SHELL       := bash
@@ -17,6 +17,14 @@ help: ## List the targets
 .PHONY: demo
 demo: ## Run the demo: in-memory store and GoChannel, no services needed
 	cd examples && $(GO) run ./quickstart
+
+DYNALITE_VERSION := 4.0.0
+
+bin/dynalite: ## Install dynalite (DynamoDB on LevelDB, for Node.js) from npm, pinned, into .cache/dynalite
+	npm install --no-audit --no-fund --loglevel=error --prefix .cache/dynalite dynalite@$(DYNALITE_VERSION)
+	@mkdir -p bin
+	printf '#!/bin/sh\nexec node "%s/.cache/dynalite/node_modules/dynalite/cli.js" "$$@"\n' "$(CURDIR)" > bin/dynalite
+	chmod +x bin/dynalite
 
 EXAMPLE ?= redis
 
@@ -44,7 +52,7 @@ example-sqs: bin/goaws ## Run the SQS example against a local goaws (started and
 STORE ?= redis
 
 .PHONY: up
-up: ## Run an example and its services with docker compose; fails if its check fails (EXAMPLE=redis or sqs, STORE=redis or postgres)
+up: ## Run an example and its services with docker compose; fails if its check fails (EXAMPLE=redis or sqs, STORE=redis, postgres or, for sqs, dynamodb)
 	STORE=$(STORE) docker compose -f examples/$(EXAMPLE)/docker-compose.yml $(if $(filter postgres,$(STORE)),--profile postgres) up --exit-code-from example
 
 .PHONY: down
@@ -55,25 +63,53 @@ down: ## Stop and remove an example's docker compose services (EXAMPLE=redis or 
 idem: ## Build the idem operator command into bin/idem
 	cd cmd/idem && $(GO) build -o ../../bin/idem .
 
+# The modules' tests, longest first; TEST_JOBS of them run at once, each
+# module's output printed whole when it ends.
+TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/otel cmd/idem contrib/awssqs
+TEST_JOBS    ?= 3
+
 .PHONY: test
-test: bin/goaws ## Run every test with the race detector (needs Redis and Postgres: see .ci/run)
+test: bin/goaws bin/dynalite ## Run every test with the race detector (needs Redis, Postgres and MariaDB: see .ci/run)
+	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) -O $(addprefix test/,$(TEST_MODULES))
+
+# Not .PHONY: make applies no pattern rule to a phony target. No file is
+# named so.
+test/core:
 	$(GO) test $(TEST_FLAGS) ./...
-	cd examples && $(GO) test $(TEST_FLAGS) ./...
-	cd contrib/awssqs && $(GO) test $(TEST_FLAGS) ./...
-	cd contrib/otel && $(GO) test $(TEST_FLAGS) ./...
-	cd cmd/idem && $(GO) test $(TEST_FLAGS) ./...
+
+test/%:
+	cd $* && $(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: test-stress
-test-stress: bin/goaws ## Run the storm and fault tests 3 times while CPU hogs load every core (HOGS, STRESS_RUNS)
+test-stress: bin/goaws bin/dynalite ## Run the storm and fault tests 3 times while CPU hogs load every core (HOGS, STRESS_RUNS)
 	GO=$(GO) TEST_FLAGS="$(TEST_FLAGS)" .ci/stress
 
 .PHONY: bench
-bench: bench-core bench-redis bench-postgres ## Run every benchmark and print it against its baselines
+bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-wake ## Run every benchmark and print it against its baselines
 
 .PHONY: bench-postgres
 bench-postgres: ## Benchmark the Postgres store against pgbench running its statements (TEST_DATABASE_URL)
 	@mkdir -p $(BENCH_DIR)
 	cd benchmarks && $(GO) run ./pgbench -url $${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} | tee ../$(BENCH_DIR)/postgres.txt
+
+.PHONY: bench-mysql
+bench-mysql: ## Benchmark the MySQL store against its own statements run raw through the same driver (MYSQL_DSN)
+	@mkdir -p $(BENCH_DIR)
+	cd benchmarks && $(GO) run ./mysqlbench -dsn "$${MYSQL_DSN:-root@tcp(127.0.0.1:3306)/test}" | tee ../$(BENCH_DIR)/mysql.txt
+
+DYNALITE_PORT ?= 4567
+
+.PHONY: bench-dynamo
+bench-dynamo: bin/dynalite ## Benchmark the DynamoDB store against raw conditional PutItems, on a local dynalite (started and stopped here)
+	@mkdir -p $(BENCH_DIR)
+	@bin/dynalite --host 127.0.0.1 --port $(DYNALITE_PORT) --createTableMs 0 > /dev/null 2>&1 & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null' EXIT; sleep 1; \
+	cd benchmarks && $(GO) run ./dynamobench -endpoint http://127.0.0.1:$(DYNALITE_PORT) | tee ../$(BENCH_DIR)/dynamo.txt
+
+.PHONY: bench-wake
+bench-wake: ## Time from a holder's completion to its waiting duplicate's ack, polled and watched, on Redis and Postgres (REDIS_ADDR, TEST_DATABASE_URL)
+	@mkdir -p $(BENCH_DIR)
+	cd benchmarks && $(GO) run ./wakebench -redis $${REDIS_ADDR:-127.0.0.1:6379} -pg $${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} | tee ../$(BENCH_DIR)/wake.txt
 
 .PHONY: bench-redis
 bench-redis: ## Benchmark the Redis store against redis-benchmark and redislock (REDIS_ADDR)

@@ -16,9 +16,12 @@
 //
 // # Rules every store follows
 //
-//   - Acquire is one atomic step on the server: never read-then-write from
+//   - Acquire decides on the server, atomically: never read-then-write from
 //     the client. Exactly one of any number of concurrent callers for a free
-//     key gets [Acquired].
+//     key gets [Acquired]. A store whose server cannot take every case in
+//     one conditional write (DynamoDB) writes once per case, each write
+//     conditioned on that case holding, and tries the next case when the
+//     condition fails.
 //   - Acquire is re-entrant: the owner that already holds the lease gets the
 //     same lease back (same fencing token), with its expiry extended. This is
 //     what makes retrying an Acquire after an ambiguous timeout safe.
@@ -32,7 +35,11 @@
 //     nothing. A lease whose expiry has passed but that nobody has taken over
 //     is still the owner's to renew, complete or release.
 //   - Time comes from the store's server (or, for the in-memory store, an
-//     injectable clock), never from the caller's wall clock.
+//     injectable clock), never from the caller's wall clock. The one
+//     exception is a server with no clock its conditions can read
+//     (DynamoDB): its store judges expiry by the callers' clocks, delays
+//     every takeover and forgetting by a documented skew margin, and says
+//     so.
 //   - An expired lease is taken over atomically by the next Acquire, and an
 //     expired completed record is gone for good; correctness never depends
 //     on a cleanup job having run.
@@ -64,4 +71,11 @@
 //
 //   - [PoolSizer]: how many calls the store's client can have in flight at
 //     once. The middleware keeps half of them free for lease keeping.
+//   - [OutputLimiter]: the longest output Complete accepts. The middleware
+//     keeps its MaxOutputBytes within it.
+//   - [Lister]: paging through and counting a namespace's records, for
+//     operators.
+//   - [Watcher]: waking waiting duplicates when a key is completed,
+//     released or deleted, so that they need not poll. A Watcher wakes
+//     every watch it may have failed to notify (a lost subscription).
 package backends

@@ -104,6 +104,19 @@ type PoolSizer interface {
 	PoolSize() int
 }
 
+// OutputLimiter is an optional capability of a [Store]: the largest
+// output Complete accepts, for a store whose server caps the size of a
+// record (DynamoDB's items are at most 400 KB). The middleware lowers its
+// default MaxOutputBytes to it and refuses a configuration above it, so
+// that an output too large is the middleware's typed error, not a failed
+// completion. Complete refuses a longer output with an error wrapping
+// [ErrInvalidRequest] and changes nothing.
+type OutputLimiter interface {
+	// MaxOutputBytes returns the longest output in bytes, or 0 if the
+	// store sets no limit of its own.
+	MaxOutputBytes() int
+}
+
 // AcquireRequest is the input to [Store.Acquire].
 type AcquireRequest struct {
 	// Key is the full idempotency key (namespace included): 1 to

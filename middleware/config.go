@@ -106,7 +106,11 @@ type Config struct {
 
 	// PollInterval is the first pause between two looks at the store while
 	// waiting for a holder; each later pause doubles, up to
-	// MaxPollInterval, with jitter. Defaults to 50 milliseconds.
+	// MaxPollInterval, with jitter. A store that wakes waiters
+	// (backends.Watcher: redisstore, pgstore, memstore) is watched
+	// instead, and looked at when woken, when the holder's lease runs out
+	// and every 10 × MaxPollInterval as a safety net. Defaults to 50
+	// milliseconds.
 	PollInterval time.Duration
 
 	// MaxPollInterval caps the pause between two looks at the store while
@@ -149,7 +153,9 @@ type Config struct {
 	// MaxOutputBytes is the largest encoded set of produced messages that
 	// is stored with a completion for replay. A handler whose output is
 	// larger fails with [ErrOutputTooLarge] and its lease is released.
-	// Defaults to 1 MiB.
+	// At most the store's own limit, when it has one
+	// (backends.OutputLimiter: dynamostore's is 392 KiB). Defaults to
+	// 1 MiB, or the store's limit if that is lower.
 	MaxOutputBytes int
 
 	// Fingerprint, if set, identifies a message's payload; a message whose
@@ -238,6 +244,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxOutputBytes == 0 {
 		c.MaxOutputBytes = DefaultMaxOutputBytes
+		if limit := storeOutputLimit(c.Store); limit > 0 {
+			c.MaxOutputBytes = min(c.MaxOutputBytes, limit)
+		}
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -281,10 +290,22 @@ func (c Config) validate() error {
 	check(c.MaxKeyBytes <= backends.MaxKeyBytes, "MaxKeyBytes must be at most %d (backends.MaxKeyBytes), got %d", backends.MaxKeyBytes, c.MaxKeyBytes)
 	check(c.MaxKeyBytes > len(c.Namespace)+1, "MaxKeyBytes (%d) leaves no room for a key after Namespace %q", c.MaxKeyBytes, c.Namespace)
 	check(c.MaxOutputBytes > 0, "MaxOutputBytes must be positive, got %d", c.MaxOutputBytes)
+	if limit := storeOutputLimit(c.Store); limit > 0 {
+		check(c.MaxOutputBytes <= limit, "MaxOutputBytes must be at most the store's limit %d (backends.OutputLimiter), got %d", limit, c.MaxOutputBytes)
+	}
 	check(c.OnKeyError == KeyErrorReject || c.OnKeyError == KeyErrorProcess, "OnKeyError: unknown policy %d", c.OnKeyError)
 	check(c.OnFingerprintMismatch == MismatchReject || c.OnFingerprintMismatch == MismatchIgnore, "OnFingerprintMismatch: unknown policy %d", c.OnFingerprintMismatch)
 	if len(errs) == 0 {
 		return nil
 	}
 	return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
+}
+
+// storeOutputLimit is the store's limit on a completion's output
+// (backends.OutputLimiter), or 0 if it sets none.
+func storeOutputLimit(store backends.Store) int {
+	if ol, ok := store.(backends.OutputLimiter); ok && !isNil(store) {
+		return ol.MaxOutputBytes()
+	}
+	return 0
 }

@@ -231,7 +231,10 @@ func (m *Idempotency) acquireOnce(ctx context.Context, t ticket, req backends.Ac
 
 // waitForHolder polls the store, with backoff, until the holder of the key
 // completes or gives it up, or the wait ends. It never acks: the caller
-// turns a result still in progress into a nack.
+// turns a result still in progress into a nack. A store that can wake
+// waiters (backends.Watcher) is watched instead: the store is asked again
+// when the watch fires, when the holder's lease runs out, and otherwise
+// only every watchedPollFactor × MaxPollInterval, as a safety net.
 func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (backends.AcquireResult, time.Time, error) {
 	budget := m.cfg.InProgressWait
 	if budget == 0 {
@@ -242,24 +245,55 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 	interval := m.cfg.PollInterval
 	var sentAt time.Time
 	defer func() { d.ev.Waited = time.Since(start) }()
-	for res.Status == backends.InProgress {
+	w := &waiter{m: m, d: d, end: func() {}}
+	defer w.stop()
+	w.rewatch()
+	var lastAsk time.Time
+	for wakes := 0; res.Status == backends.InProgress; {
 		left := time.Until(deadline)
 		if left <= 0 {
 			break
 		}
-		// Sleep for the backoff interval with ±20% jitter, but wake when
-		// the holder's lease runs out and never past the deadline.
-		pause := min(jitter(interval), res.Remaining+time.Millisecond, left)
+		// Sleep for the backoff interval with ±20% jitter, or while
+		// watched for the safety interval, but wake when the holder's
+		// lease runs out or the store says the key changed, and never
+		// past the deadline. A new watch first asks the store once at
+		// once: the key may have changed before the watch was in place.
+		pause := jitter(interval)
+		if w.watching() {
+			pause = jitter(watchedPollFactor * m.cfg.MaxPollInterval)
+			if w.fresh {
+				pause, w.fresh = 0, false
+			}
+		}
+		pause = min(pause, res.Remaining+time.Millisecond, left)
 		timer := time.NewTimer(pause)
 		select {
 		case <-d.msg.Context().Done():
 			timer.Stop()
 			return res, sentAt, fmt.Errorf("waiting for key %q: %w", d.key, d.msg.Context().Err())
 		case <-timer.C:
+		case <-w.changed:
+			timer.Stop()
+			// Watch again before asking the store, so that the ask
+			// covers any change until the new watch is in place. The
+			// first wake is answered at once; later ones (a new holder,
+			// a lost subscription, a store that wakes without cause)
+			// no sooner than the poll backoff allows.
+			wakes++
+			w.rewatch()
+			w.fresh = false
+			if wait := time.Until(lastAsk.Add(interval)); wakes > 1 && wait > 0 {
+				sleepCtx(d.msg.Context(), min(wait, time.Until(deadline)))
+				if err := d.msg.Context().Err(); err != nil {
+					return res, sentAt, fmt.Errorf("waiting for key %q: %w", d.key, err)
+				}
+			}
 		}
 		interval = min(interval*2, m.cfg.MaxPollInterval)
 
 		var err error
+		lastAsk = time.Now()
 		res, sentAt, err = m.acquire(d)
 		if err != nil {
 			return res, sentAt, fmt.Errorf("%w: acquire %q while waiting: %w", ErrStore, d.key, err)
@@ -270,6 +304,44 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 	}
 	return res, sentAt, nil
 }
+
+// watchedPollFactor × MaxPollInterval is the pause between two safety
+// looks at the store while a Watcher watches the key.
+const watchedPollFactor = 10
+
+// waiter is a waiting duplicate's watch on its key, if the store can
+// wake it (backends.Watcher). changed is nil while nothing is watched.
+type waiter struct {
+	m       *Idempotency
+	d       *delivery
+	changed <-chan struct{}
+	end     func()
+	fresh   bool // the watch began since the store was last asked
+}
+
+// rewatch starts a new watch, waiting at most StoreTimeout for it to be
+// in place, and then ends the current one, if any: a store that keeps a
+// subscription per key keeps it across the two.
+func (w *waiter) rewatch() {
+	old := w.end
+	defer old()
+	w.changed, w.end, w.fresh = nil, func() {}, false
+	watcher, ok := w.m.cfg.Store.(backends.Watcher)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(w.d.msg.Context(), w.m.cfg.StoreTimeout)
+	defer cancel()
+	changed, end, ok := watcher.Watch(ctx, w.d.key)
+	w.end = end
+	if ok {
+		w.changed, w.fresh = changed, true
+	}
+}
+
+func (w *waiter) watching() bool { return w.changed != nil }
+
+func (w *waiter) stop() { w.end() }
 
 // run runs the handler under the lease and settles the key afterwards.
 func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lease, sentAt time.Time) ([]*message.Message, error) {

@@ -424,6 +424,42 @@ func TestOutputTooLargeReleases(t *testing.T) {
 	require.EqualValues(t, 1, counters.Count(middleware.OutcomeOutputTooLarge))
 }
 
+// limitedStore is a store with a limit of its own on a completion's
+// output, as DynamoDB's item size sets one.
+type limitedStore struct {
+	*memstore.Store
+	limit int
+}
+
+func (s limitedStore) MaxOutputBytes() int { return s.limit }
+
+// A store's output limit lowers the default MaxOutputBytes, so that an
+// output the store cannot hold is the middleware's typed error, and a
+// configuration above it is refused.
+func TestStoreOutputLimit(t *testing.T) {
+	store := limitedStore{memstore.New(memstore.Options{}), 300}
+	m, counters := newMiddleware(t, store, nil)
+	produce := func(n int) message.HandlerFunc {
+		return func(*message.Message) ([]*message.Message, error) {
+			return []*message.Message{newMsg("o", strings.Repeat("x", n))}, nil
+		}
+	}
+	_, err := m.Middleware(produce(100))(newMsg("fits", "x"))
+	require.NoError(t, err)
+	_, err = m.Middleware(produce(400))(newMsg("over", "x"))
+	require.ErrorIs(t, err, middleware.ErrOutputTooLarge)
+	require.ErrorContains(t, err, "the limit is 300")
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeOutputTooLarge))
+
+	_, err = middleware.New(middleware.Config{Store: store, MaxOutputBytes: 301})
+	require.ErrorIs(t, err, middleware.ErrInvalidConfig)
+	require.ErrorContains(t, err, "store's limit 300")
+	_, err = middleware.New(middleware.Config{Store: store, MaxOutputBytes: 200})
+	require.NoError(t, err, "a lower limit than the store's is the user's choice")
+	_, err = middleware.New(middleware.Config{Store: limitedStore{memstore.New(memstore.Options{}), 0}})
+	require.NoError(t, err, "0: the store sets no limit")
+}
+
 func TestCorruptStoredOutputIsAnError(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	res, err := store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})

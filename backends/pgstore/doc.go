@@ -8,6 +8,7 @@
 //	if err := store.Migrate(ctx); err != nil { // idempotent; safe from many instances at once
 //		return err
 //	}
+//	defer store.Close() // ends the listener that wakes waiting duplicates
 //
 // # Statements
 //
@@ -28,6 +29,24 @@
 // If it commits, every redelivery is dropped, even when the process dies
 // before the ack; if it rolls back, the key is retried. The middleware sees
 // that the handler completed the key and does not complete it again.
+//
+// # Waking waiting duplicates
+//
+// On a *pgxpool.Pool the store is a [backends.Watcher]: a duplicate that
+// waits for a key another owner holds is woken through LISTEN/NOTIFY when
+// the key is completed, released or deleted, instead of polling. Watch
+// marks the row of the key's lease in progress (the waited column); the
+// next Complete, Release, CompleteTx or Delete of a marked row calls
+// pg_notify in its own statement, delivered when its transaction
+// commits, and clears the mark. A key nobody watches never sends a
+// notification, so the common path takes none of the commit-time lock
+// that NOTIFY takes. The channel is
+// [Store.Channel] ("idempotency_" and 16 hex digits of a hash of the
+// table's name), the payload the hex MD5 of the key. A store listens on
+// one connection of its own, taken out of its pool on the first Watch;
+// call [Store.Close] when done with the store. A store on a *pgx.Conn or
+// a pgx.Tx, or with Options.NoWatch (needed behind a pooler in
+// transaction mode), cannot watch, and the middleware polls.
 //
 // # Retention and cleanup
 //

@@ -12,6 +12,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
+	"github.com/watermill-idempotency/idempotency/internal/fleet"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 )
 
@@ -150,41 +151,11 @@ func TestConcurrentMigrate(t *testing.T) {
 func TestCleanup(t *testing.T) {
 	pool := testserver.PostgresPool(t)
 	s := newStore(t, pool, pgstore.Options{})
-	ctx := context.Background()
-	for i := range 25 {
-		retention := time.Hour
-		if i < 20 {
-			retention = time.Millisecond
-		}
-		res, err := s.Acquire(ctx, backends.AcquireRequest{Key: string(rune('a' + i)), Owner: "o", LeaseTTL: time.Minute, Retention: retention})
-		require.NoError(t, err)
-		require.NoError(t, s.Complete(ctx, res.Lease, nil))
-	}
-	time.Sleep(20 * time.Millisecond)
-	count := func() (n int) {
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+
+	fleet.CheckCleanup(t, s, func() (n int) {
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+
 			pgx.Identifier{s.Options().Schema, s.Options().Table}.Sanitize()).Scan(&n))
 		return n
-	}
-	require.Equal(t, 25, count(), "expired records stay until cleaned, but count as absent")
-	_, err := s.Inspect(ctx, "a")
-	require.ErrorIs(t, err, backends.ErrNotFound)
-
-	n, err := s.Cleanup(ctx, 8)
-	require.NoError(t, err)
-	require.EqualValues(t, 8, n, "a bounded batch")
-	require.Equal(t, 17, count())
-
-	cctx, cancel := context.WithCancel(ctx)
-	stopped := make(chan error)
-	go func() { stopped <- s.RunCleaner(cctx, time.Hour, 5, func(err error) { t.Error(err) }) }()
-	require.Eventually(t, func() bool { return count() == 5 }, 10*time.Second, 10*time.Millisecond,
-		"the cleaner takes full batches back to back and keeps live records")
-	cancel()
-	require.ErrorIs(t, <-stopped, context.Canceled, "the cleaner stops with its context")
-
-	_, err = s.Cleanup(ctx, 0)
-	require.ErrorIs(t, err, backends.ErrInvalidRequest)
+	})
 }
 
 func TestNewValidates(t *testing.T) {

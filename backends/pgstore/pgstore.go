@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/internal/cleaner"
 )
 
 var (
@@ -60,19 +61,27 @@ type Options struct {
 	// persistence; never with CompleteTx for exactly-once effects.
 	// It has no effect on a table that already exists. Defaults to false.
 	Unlogged bool
+	// NoWatch makes Watch report not ok, so that waiting duplicates poll
+	// the store instead of listening for its notifications. Set it when
+	// the pool reaches Postgres through a pooler in transaction mode
+	// (pgbouncer's pool_mode = transaction), where LISTEN does not work.
+	NoWatch bool
 }
 
 // Store is a [backends.Store] on Postgres. Create it with [New] and call
-// [Store.Migrate] once before use.
+// [Store.Migrate] once before use. It is also a [backends.Watcher] on a
+// *pgxpool.Pool; call [Store.Close] when done with a store that watched.
 type Store struct {
 	db       DB
 	opts     Options
 	sql      statements
 	poolSize int
+	channel  string
+	listener *listener // nil if the store cannot watch
 }
 
 type statements struct {
-	schema, acquire, renew, complete, release, inspect, list, count, delete, cleanup string
+	schema, acquire, renew, complete, release, inspect, list, count, delete, cleanup, watch string
 }
 
 var (
@@ -88,6 +97,9 @@ const (
 	acquirableSQL = `(r.forget_at <= now() OR r.state = 2 OR (r.state = 1 AND (r.owner = excluded.owner OR r.lease_expires_at <= now())))`
 	reentrantSQL  = `(r.forget_at > now() AND r.state = 1 AND r.owner = excluded.owner)`
 )
+
+// inProgress holds for a row whose lease is live.
+const inProgress = `state = 1 AND lease_expires_at > now() AND forget_at > now()`
 
 // New returns a store on db. It does not contact the server.
 func New(db DB, opts Options) (*Store, error) {
@@ -121,15 +133,22 @@ func New(db DB, opts Options) (*Store, error) {
 		return b.String()
 	}
 	held := `key = $1 AND owner = $2 AND token = $3 AND state = 1 AND forget_at > now()`
-	s := &Store{db: db, opts: opts, poolSize: poolSize(db), sql: statements{
+	// A statement that ends a lease or deletes a record notifies the
+	// key's watchers if a watch marked its row (waited), in the same
+	// statement, on the row as it locked it; an UPDATE clears the mark as
+	// it notifies. A row nobody watched sends nothing.
+	channel := channelName(table)
+	clearWaited := `waited = CASE WHEN waited THEN ` + notifySQL(channel, false) + ` ELSE false END`
+	notified := `CASE WHEN waited THEN ` + notifySQL(channel, true) + ` END AS notified`
+	s := &Store{db: db, opts: opts, poolSize: poolSize(db), channel: channel, sql: statements{
 		schema:  render(schemaSQL),
 		acquire: render(acquireSQL),
 		renew: `UPDATE ` + table + ` SET lease_expires_at = now() + $4::bigint * interval '1 microsecond',
 			forget_at = now() + ($4::bigint + retention_us) * interval '1 microsecond' WHERE ` + held,
 		complete: `UPDATE ` + table + ` SET state = 3, completed_at = now(), output = $4,
-			forget_at = now() + retention_us * interval '1 microsecond' WHERE ` + held,
+			forget_at = now() + retention_us * interval '1 microsecond', ` + clearWaited + ` WHERE ` + held,
 		release: `UPDATE ` + table + ` SET state = 2,
-			forget_at = now() + retention_us * interval '1 microsecond' WHERE ` + held,
+			forget_at = now() + retention_us * interval '1 microsecond', ` + clearWaited + ` WHERE ` + held,
 		inspect: `SELECT ` + recordColumns + ` FROM ` + table + ` WHERE key = $1 AND forget_at > now()`,
 		list: `SELECT ` + recordColumns + ` FROM ` + table + `
 			WHERE forget_at > now() AND key > $1 AND key >= $2 AND ($3::bytea IS NULL OR key < $3) AND ` + stateFilter + `
@@ -138,11 +157,20 @@ func New(db DB, opts Options) (*Store, error) {
 				count(*) FILTER (WHERE state = 1 AND lease_expires_at <= now()),
 				count(*) FILTER (WHERE state = 2), count(*) FILTER (WHERE state = 3)
 			FROM ` + table + ` WHERE forget_at > now() AND key >= $1 AND ($2::bytea IS NULL OR key < $2)`,
-		delete: `WITH d AS (DELETE FROM ` + table + ` WHERE key = $1 RETURNING forget_at > now() AS live)
-			SELECT count(*) FILTER (WHERE live) FROM d`,
-		cleanup: `DELETE FROM ` + table + ` WHERE key IN (SELECT key FROM ` + table + `
-			WHERE forget_at <= now() ORDER BY forget_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+		delete: `WITH d AS (DELETE FROM ` + table + ` WHERE key = $1 RETURNING forget_at > now() AS live, ` + notified + `)
+			SELECT count(*) FILTER (WHERE live), count(notified) FROM d`,
+		cleanup: `WITH d AS (DELETE FROM ` + table + ` WHERE key IN (SELECT key FROM ` + table + `
+			WHERE forget_at <= now() ORDER BY forget_at LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING ` + notified + `)
+			SELECT count(*), count(notified) FROM d`,
+		// Only a lease in progress is marked, and only if it is not yet;
+		// the second column is the mark as the statement's snapshot saw
+		// it, NULL if the key held no lease in progress.
+		watch: `WITH u AS (UPDATE ` + table + ` SET waited = true WHERE key = $1 AND NOT waited AND ` + inProgress + ` RETURNING true)
+			SELECT EXISTS (SELECT FROM u), (SELECT waited FROM ` + table + ` WHERE key = $1 AND ` + inProgress + `)`,
 	}}
+	if pool, ok := db.(*pgxpool.Pool); ok && !opts.NoWatch {
+		s.listener = newListener(pool, channel)
+	}
 	return s, nil
 }
 
@@ -170,8 +198,9 @@ func (s *Store) PoolSize() int { return s.poolSize }
 func (s *Store) Statements() (acquire, complete string) { return s.sql.acquire, s.sql.complete }
 
 // Schema returns the SQL that Migrate runs: the schema, the table and its
-// index, each created if it does not exist. Give it to an external
-// migration tool instead of calling Migrate.
+// index, each created if it does not exist, and the waited column added
+// to a table created without it. Give it to an external migration tool
+// instead of calling Migrate.
 func (s *Store) Schema() string {
 	var b strings.Builder
 	for line := range strings.Lines(s.sql.schema) {
@@ -189,8 +218,10 @@ func (s *Store) Options() Options { return s.opts }
 // instances starting at once do not race on CREATE ... IF NOT EXISTS.
 const migrationLockID = 0x1de_0_7e47
 
-// Migrate creates the schema, the table and its index if they do not exist.
-// It is idempotent and safe to call from several instances at once.
+// Migrate creates the schema, the table and its index if they do not
+// exist, and adds the waited column (see [Store.Watch]) to a table created
+// before it. It is idempotent and safe to call from several instances at
+// once.
 func (s *Store) Migrate(ctx context.Context) error {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
@@ -330,7 +361,9 @@ func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byt
 // any [DB], a pgx.Tx most usefully; take the lease from the handler's
 // context (LeaseFromContext in the middleware package). The middleware notices that the
 // handler completed the key and does not complete it again; a duplicate
-// gets output replayed, so pass exactly what the handler returns.
+// gets output replayed, so pass exactly what the handler returns. The
+// notification to the key's watchers, if any (see [Store.Watch]), is
+// delivered when tx commits, and never if it rolls back.
 func (s *Store) CompleteTx(ctx context.Context, tx DB, lease backends.Lease, output []*message.Message) error {
 	return s.complete(ctx, tx, lease, backends.EncodeOutput(output))
 }
@@ -396,7 +429,7 @@ func scanRecord(row pgx.Row) (backends.Record, error) {
 // Delete implements [backends.Store].
 func (s *Store) Delete(ctx context.Context, key string) error {
 	var n int64
-	if err := s.db.QueryRow(ctx, s.sql.delete, []byte(key)).Scan(&n); err != nil {
+	if err := s.db.QueryRow(ctx, s.sql.delete, []byte(key)).Scan(&n, nil); err != nil {
 		return opError("delete", err)
 	}
 	if n == 0 {
@@ -408,16 +441,18 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 // Cleanup deletes up to batch records past their retention, oldest first,
 // and returns how many it deleted. Records past their retention already
 // count as absent, so cleanup only reclaims space; it never changes what
-// the store answers. Concurrent cleanups skip each other's rows.
+// the store answers. It notifies the watchers of a record it deletes, if
+// a watch marked it (see [Store.Watch]). Concurrent cleanups skip each
+// other's rows.
 func (s *Store) Cleanup(ctx context.Context, batch int) (int64, error) {
 	if batch <= 0 {
 		return 0, fmt.Errorf("%w: batch must be positive, got %d", backends.ErrInvalidRequest, batch)
 	}
-	tag, err := s.db.Exec(ctx, s.sql.cleanup, batch)
-	if err != nil {
+	var n int64
+	if err := s.db.QueryRow(ctx, s.sql.cleanup, batch).Scan(&n, nil); err != nil {
 		return 0, opError("cleanup", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
 
 // RunCleaner calls Cleanup every interval, in batches of batch records,
@@ -426,25 +461,5 @@ func (s *Store) Cleanup(ctx context.Context, batch int) (int64, error) {
 // stop it. Errors from Cleanup are passed to onError (which may be nil)
 // and do not stop the cleaner.
 func (s *Store) RunCleaner(ctx context.Context, interval time.Duration, batch int, onError func(error)) error {
-	if interval <= 0 || batch <= 0 {
-		return fmt.Errorf("%w: interval and batch must be positive", backends.ErrInvalidRequest)
-	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		for {
-			n, err := s.Cleanup(ctx, batch)
-			if err != nil && ctx.Err() == nil && onError != nil {
-				onError(err)
-			}
-			if err != nil || n < int64(batch) {
-				break
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
+	return cleaner.Run(ctx, interval, batch, onError, s.Cleanup)
 }

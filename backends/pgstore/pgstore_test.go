@@ -29,7 +29,7 @@ var (
 var schemaSeq atomic.Int64
 
 // newStore returns a migrated store in a schema of its own, dropped when
-// the test ends.
+// the test ends, and closed before that.
 func newStore(t *testing.T, pool *pgxpool.Pool, opts pgstore.Options) *pgstore.Store {
 	t.Helper()
 	opts.Schema = fmt.Sprintf("pgstore_test_%d_%d", time.Now().UnixNano()%1e9, schemaSeq.Add(1))
@@ -40,6 +40,7 @@ func newStore(t *testing.T, pool *pgxpool.Pool, opts pgstore.Options) *pgstore.S
 		_, err := pool.Exec(context.Background(), `DROP SCHEMA `+opts.Schema+` CASCADE`)
 		require.NoError(t, err)
 	})
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
 	return s
 }
 

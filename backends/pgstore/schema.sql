@@ -17,9 +17,14 @@ CREATE {{.Unlogged}} TABLE IF NOT EXISTS {{.Table}} (
     completed_at     timestamptz,
     forget_at        timestamptz NOT NULL,           -- the record counts as absent from then on
     fingerprint      bytea,
-    output           bytea
+    output           bytea,
+    waited           boolean     NOT NULL DEFAULT false -- a watch waits for the key: its next change notifies
 ) WITH (fillfactor = 80);                            -- room for HOT updates of lease renewals
 -- end snippet
+
+-- Tables created before the waited column get it; adding a column with a
+-- constant default rewrites nothing.
+ALTER TABLE {{.Table}} ADD COLUMN IF NOT EXISTS waited boolean NOT NULL DEFAULT false;
 
 -- Cleanup deletes the oldest forgotten records first.
 CREATE INDEX IF NOT EXISTS {{.Index}} ON {{.Table}} (forget_at);

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -45,6 +44,7 @@ func TestStormPostgres(t *testing.T) {
 		Store: func(t testing.TB, _ int) backends.Store {
 			s, err := pgstore.New(pool(t, 8), opts)
 			require.NoError(t, err)
+			t.Cleanup(func() { _ = s.Close() })
 			return s
 		},
 	}.Run(t).Check(t)
@@ -155,6 +155,7 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 		Store: func(t testing.TB, _ int) backends.Store {
 			s, err := pgstore.New(pool(t, 4), opts)
 			require.NoError(t, err)
+			t.Cleanup(func() { _ = s.Close() })
 			return s
 		},
 		Handler: func(int) message.HandlerFunc {
@@ -207,15 +208,5 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 func TestMissingTableIsRejected(t *testing.T) {
 	s, err := pgstore.New(testserver.PostgresPool(t), pgstore.Options{Schema: "pgstore_never_migrated"})
 	require.NoError(t, err)
-	_, err = s.Acquire(context.Background(), backends.AcquireRequest{Key: "k", Owner: "o", LeaseTTL: time.Second})
-	require.ErrorIs(t, err, backends.ErrRejected)
-	require.ErrorContains(t, err, "42P01")
-
-	var calls atomic.Int64
-	idem, err := idempotency.New(idempotency.Config{Store: fleet.Counted(s, &calls), Namespace: "t", StoreTimeout: time.Minute, MaxStoreBackoff: 10 * time.Millisecond})
-	require.NoError(t, err)
-	_, err = idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("k", nil))
-	require.ErrorIs(t, err, idempotency.ErrStore)
-	require.ErrorIs(t, err, backends.ErrRejected)
-	require.EqualValues(t, 1, calls.Load(), "not retried")
+	fleet.CheckRejected(t, s, "42P01")
 }

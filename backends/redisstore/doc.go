@@ -8,12 +8,29 @@
 //
 // Each key's record is one Redis hash, so every operation touches one key:
 // it works unchanged on Redis Cluster, where a key's hash slot decides its
-// node. Each store operation is one round trip, an embedded Lua script run
-// with EVALSHA and falling back to EVAL, so a SCRIPT FLUSH or a failover to
-// a node that has not seen the script costs one extra round trip and no
-// error. Every script checks the owner and the fencing token before it
-// changes anything, and takes time from the server (TIME, PEXPIRE), never
-// from the client.
+// node. Each store operation is one embedded Lua script run with EVALSHA
+// and falling back to EVAL, so a SCRIPT FLUSH or a failover to a node that
+// has not seen the script costs one extra round trip and no error. Every
+// script checks the owner and the fencing token before it changes
+// anything, and takes time from the server (TIME, PEXPIRE), never from the
+// client.
+//
+// # Coalescing
+//
+// The store keeps at most four round trips in flight (per master of a
+// Cluster; fewer with a smaller pool). A call that finds one of them free
+// is sent at once, on its own; calls that arrive while all are busy are
+// sent together, in one pipeline, as soon as one ends. Each call keeps its own context and its
+// own error: a queued call whose context ends returns at once and is never
+// sent. [Options.NoCoalesce] sends every call on its own.
+//
+// # Waking waiting duplicates
+//
+// Complete, Release and Delete publish to the sharded pub/sub channel
+// named as the key's Redis key (Redis 7 and later; older servers ignore
+// it), so [Store.Watch] wakes the duplicates waiting for the key at once
+// instead of leaving them to poll. Call [Store.Close] when the store is no
+// longer needed, to end the subscriptions.
 //
 // # Record lifetime
 //

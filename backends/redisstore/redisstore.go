@@ -54,6 +54,14 @@ type Options struct {
 	// from other data in the same Redis. Defaults to DefaultPrefix. Set it
 	// to a distinct value per environment or application sharing a server.
 	Prefix string
+	// NoCoalesce sends every call as its own round trip. By default, calls
+	// that arrive while the store already has round trips in flight are
+	// sent together, in one pipeline, as soon as one of those ends (see
+	// docs/redis.md); a call that finds the store idle is sent at once
+	// either way. Set it for a proxy or a Redis-compatible server that
+	// mishandles pipelined scripts, or to keep each call's go-redis hooks
+	// and metrics per command (ProcessHook) rather than per pipeline.
+	NoCoalesce bool
 }
 
 // Store is a [backends.Store] on Redis. Create it with [New].
@@ -61,6 +69,8 @@ type Store struct {
 	client   redis.Scripter
 	prefix   string
 	poolSize int
+	calls    *coalescer
+	watch    watchers
 }
 
 // New returns a store that runs its scripts through client: a
@@ -74,7 +84,8 @@ func New(client redis.Scripter, opts Options) (*Store, error) {
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
 	}
-	return &Store{client: client, prefix: opts.Prefix, poolSize: poolSize(client)}, nil
+	ps := poolSize(client)
+	return &Store{client: client, prefix: opts.Prefix, poolSize: ps, calls: newCoalescer(client, opts.NoCoalesce, ps)}, nil
 }
 
 // poolSize is the connection pool size of a go-redis client (per node for
@@ -107,7 +118,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	if err := req.Validate(); err != nil {
 		return backends.AcquireResult{}, err
 	}
-	vals, err := acquireScript.Run(ctx, s.client, s.redisKey(req.Key),
+	vals, err := s.calls.run(ctx, acquireScript, s.redisKey(req.Key),
 		req.Owner, ms(req.LeaseTTL), ms(req.Retention), req.Fingerprint).Slice()
 	if err != nil {
 		return backends.AcquireResult{}, opError(ctx, "acquire", err)
@@ -214,7 +225,7 @@ func (s *Store) checked(ctx context.Context, op string, script *redis.Script, le
 		return err
 	}
 	args = append([]any{lease.Owner, lease.Token}, args...)
-	n, err := script.Run(ctx, s.client, s.redisKey(lease.Key), args...).Int64()
+	n, err := s.calls.run(ctx, script, s.redisKey(lease.Key), args...).Int64()
 	if err != nil {
 		return opError(ctx, op, err)
 	}
@@ -244,7 +255,7 @@ func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
 
 // Inspect implements [backends.Store].
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
-	vals, err := inspectScript.Run(ctx, s.client, s.redisKey(key)).Slice()
+	vals, err := s.calls.run(ctx, inspectScript, s.redisKey(key)).Slice()
 	if errors.Is(err, redis.Nil) {
 		return backends.Record{}, backends.ErrNotFound
 	}
@@ -304,7 +315,7 @@ func state(s string, leaseExpires, now time.Time) backends.State {
 
 // Delete implements [backends.Store].
 func (s *Store) Delete(ctx context.Context, key string) error {
-	n, err := deleteScript.Run(ctx, s.client, s.redisKey(key)).Int64()
+	n, err := s.calls.run(ctx, deleteScript, s.redisKey(key)).Int64()
 	if err != nil {
 		return opError(ctx, "delete", err)
 	}

@@ -25,6 +25,7 @@ func newStore(t *testing.T, client redis.Scripter) *redisstore.Store {
 	t.Helper()
 	s, err := redisstore.New(client, redisstore.Options{Prefix: testserver.Unique("redisstore-test:")})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
 	return s
 }
 

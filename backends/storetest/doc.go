@@ -14,7 +14,9 @@
 // given a fake clock, so the suite works in multiples of [Fixture.Tick]
 // with real, short lease TTLs and real sleeps. A store with an injectable
 // clock sets [Fixture.Advance] and the suite moves the clock instead of
-// sleeping.
+// sleeping. A store that judges time by its callers' clocks with a skew
+// margin sets [Fixture.Skew]: the suite then waits that much longer
+// before it expects a lease expired or a record forgotten.
 //
 // # Isolation
 //

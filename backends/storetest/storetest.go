@@ -31,6 +31,13 @@ type Fixture struct {
 	// from. It must be well above the store's timing precision and round
 	// trip. Defaults to 100ms.
 	Tick time.Duration
+	// Skew is how long past a lease's expiry, or past the end of a
+	// record's retention, the store may still count the lease or the
+	// record live: the margin of a store that judges time by its callers'
+	// clocks (dynamostore's ClockSkew). The suite waits that much longer
+	// before it expects either, and allows that much more in
+	// AcquireResult.Remaining. Defaults to 0.
+	Skew time.Duration
 }
 
 // Run runs the whole conformance suite against the stores that newFixture
@@ -60,6 +67,19 @@ func Run(t *testing.T, newFixture func(t *testing.T) Fixture) {
 			tc.fn(t, s, l)
 		})
 	}
+	// The watch tests exist only for stores that can wake waiters: a
+	// store without backends.Watcher is polled, which the tests above
+	// cover.
+	for _, tc := range watchTests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := start(t)
+			w, ok := s.Store.(backends.Watcher)
+			if !ok {
+				return
+			}
+			tc.fn(t, s, w)
+		})
+	}
 }
 
 type suite struct {
@@ -81,8 +101,13 @@ func (s *suite) key(name string) string { return s.prefix + name }
 
 func (s *suite) owner() string { return fmt.Sprintf("owner-%d", s.owners.Add(1)) }
 
-func (s *suite) wait(ticks float64) {
-	d := time.Duration(ticks * float64(s.Tick))
+func (s *suite) wait(ticks float64) { s.sleep(time.Duration(ticks * float64(s.Tick))) }
+
+// waitPast waits ticks and the store's skew margin: long enough for a
+// lease or retention of ticks to have run out by every clock.
+func (s *suite) waitPast(ticks float64) { s.sleep(time.Duration(ticks*float64(s.Tick)) + s.Skew) }
+
+func (s *suite) sleep(d time.Duration) {
 	if s.Advance != nil {
 		s.Advance(d)
 		return
@@ -187,7 +212,7 @@ func testInProgressForOthers(t *testing.T, s *suite) {
 	res := s.acquire(t, key, s.owner(), ttl)
 	require.Equal(t, backends.InProgress, res.Status)
 	require.Positive(t, res.Remaining)
-	require.LessOrEqual(t, res.Remaining, ttl)
+	require.LessOrEqual(t, res.Remaining, ttl+s.Skew)
 	require.Zero(t, res.Lease, "an in-progress result carries no lease")
 }
 
@@ -253,7 +278,7 @@ func testConcurrentAcquireManyKeys(t *testing.T, s *suite) {
 func testConcurrentTakeoverOneWinner(t *testing.T, s *suite) {
 	key := s.key("k")
 	first := s.mustAcquire(t, key, s.owner(), s.ticks(1))
-	s.wait(2)
+	s.waitPast(2)
 
 	var winners []backends.Lease
 	for _, res := range s.acquireAtOnce(t, repeat(key, 50)) {
@@ -343,7 +368,7 @@ func testReentrant(t *testing.T, s *suite) {
 func testTakeoverAfterExpiry(t *testing.T, s *suite) {
 	key := s.key("k")
 	old := s.mustAcquire(t, key, s.owner(), s.ticks(1))
-	s.wait(2)
+	s.waitPast(2)
 	require.Equal(t, backends.StateExpired, s.inspect(t, key).State)
 
 	res := s.acquire(t, key, s.owner(), long)
@@ -422,7 +447,7 @@ func testFencingTokenStrictlyIncreases(t *testing.T, s *suite) {
 		if i%2 == 0 {
 			require.NoError(t, s.Store.Release(ctx(t), l))
 		} else {
-			s.wait(2) // let it expire: the next acquire is a takeover
+			s.waitPast(2) // let it expire: the next acquire is a takeover
 		}
 	}
 }
@@ -468,7 +493,7 @@ func testCompletedUntilRetentionEnds(t *testing.T, s *suite) {
 	require.NoError(t, s.Store.Complete(ctx(t), first.Lease, []byte("out")))
 	s.wait(6)
 	require.Equal(t, backends.Completed, s.acquire(t, key, s.owner(), long).Status, "kept for the retention after completion")
-	s.wait(16)
+	s.waitPast(16)
 	_, err = s.Store.Inspect(ctx(t), key)
 	require.ErrorIs(t, err, backends.ErrNotFound, "a completed record past its retention is gone")
 	res := s.acquire(t, key, s.owner(), long)
@@ -485,7 +510,7 @@ func testReleasedRecordKept(t *testing.T, s *suite) {
 	rec := s.inspect(t, key)
 	require.Equal(t, backends.StateReleased, rec.State)
 	require.Equal(t, res.Lease.Token, rec.Token, "the released record keeps its token")
-	s.wait(10)
+	s.waitPast(10)
 	_, err = s.Store.Inspect(ctx(t), key)
 	require.ErrorIs(t, err, backends.ErrNotFound, "a released record past its retention is gone")
 }
@@ -532,7 +557,7 @@ func testRenewExtends(t *testing.T, s *suite) {
 
 	// Renew can also shorten a lease; the holder decides.
 	require.NoError(t, s.Store.Renew(ctx(t), l, s.ticks(1)))
-	s.wait(2)
+	s.waitPast(2)
 	require.Equal(t, backends.Acquired, s.acquire(t, key, s.owner(), long).Status)
 	s.requireLost(t, l)
 }
@@ -589,14 +614,36 @@ func testOddKeys(t *testing.T, s *suite) {
 	}
 }
 
+// MinOutputLimit is the lowest output limit a store may declare
+// ([backends.OutputLimiter]); a store without one must hold 1 MiB, the
+// middleware's default MaxOutputBytes.
+const MinOutputLimit = 64 << 10
+
+// testLargeOutput checks that the largest output the store promises
+// round-trips: 1 MiB, or the store's own limit, one byte over which is
+// refused without touching the lease.
 func testLargeOutput(t *testing.T, s *suite) {
+	size := 1 << 20
+	limit := 0
+	if ol, ok := s.Store.(backends.OutputLimiter); ok {
+		limit = ol.MaxOutputBytes()
+	}
+	if limit > 0 {
+		require.GreaterOrEqual(t, limit, MinOutputLimit, "the store's output limit")
+		size = limit
+	}
 	key := s.key("k")
-	out := bytes.Repeat([]byte{0, 1, 2, 0xff}, 256<<10) // 1 MiB
+	out := bytes.Repeat([]byte{0, 1, 2, 0xff}, size/4+1)[:size]
 	l := s.mustAcquire(t, key, s.owner(), long)
+	if limit > 0 {
+		err := s.Store.Complete(ctx(t), l, append(out, 7))
+		require.ErrorIs(t, err, backends.ErrInvalidRequest, "an output one byte over the store's limit")
+		require.Equal(t, backends.StateInProgress, s.inspect(t, key).State, "the refused completion changed nothing")
+	}
 	require.NoError(t, s.Store.Complete(ctx(t), l, out))
 	res := s.acquire(t, key, s.owner(), long)
 	require.Equal(t, backends.Completed, res.Status)
-	require.True(t, bytes.Equal(out, res.Output), "1 MiB output round-trips")
+	require.True(t, bytes.Equal(out, res.Output), "an output of %d bytes round-trips", size)
 }
 
 func testInvalidRequests(t *testing.T, s *suite) {

@@ -20,7 +20,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/benchmarks/internal/load"
 )
@@ -91,16 +90,7 @@ func run(url string, clients int, duration time.Duration, rounds int) error {
 					if err != nil {
 						return err
 					}
-					v, err := load.Cycles(clients, duration, func(ctx context.Context, key string) error {
-						res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: key, LeaseTTL: 30 * time.Second, Retention: time.Hour})
-						if err != nil {
-							return err
-						}
-						if res.Status != backends.Acquired {
-							return fmt.Errorf("key %s: %v", key, res.Status)
-						}
-						return store.Complete(ctx, res.Lease, nil)
-					})
+					v, err := load.Cycles(clients, duration, load.StoreCycle(store))
 					ourRuns = append(ourRuns, v)
 					return err
 				},

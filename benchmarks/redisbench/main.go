@@ -8,11 +8,17 @@
 //	(d) the middleware end to end on a GoChannel router: the latency it adds
 //	    per message, in Redis round trips (a PING measured in the same run),
 //	    and against two back-to-back PINGs and the store's own two calls
+//	(e) 64 concurrent deliveries in one process on one client: the store's
+//	    Acquire+Complete cycles per second with calls coalesced (the
+//	    default), (f) redislock Obtain+Release and (g) the store with
+//	    NoCoalesce, at the same concurrency
+//	(h) one caller: Acquire+Complete back to back with coalescing on and
+//	    off, the two alternating cycle by cycle
 //
 // It prints a table with the ratios, and the memory one completed record
 // takes.
 //
-//	go run ./redisbench -addr 127.0.0.1:6379 -clients 50 -duration 5s
+//	go run ./redisbench -addr 127.0.0.1:6379 -clients 50 -deliveries 64 -duration 5s
 package main
 
 import (
@@ -49,15 +55,16 @@ func main() {
 	duration := flag.Duration("duration", 5*time.Second, "how long to run (b) and (c)")
 	requests := flag.Int("requests", 200000, "requests for redis-benchmark (a)")
 	messages := flag.Int("messages", 3000, "messages for (d)")
-	rounds := flag.Int("rounds", 3, "rounds of (a), (b) and (c), interleaved; medians are reported")
+	rounds := flag.Int("rounds", 3, "rounds of (a), (b) and (c), and of (e), (f) and (g), interleaved; medians are reported")
+	deliveries := flag.Int("deliveries", 64, "concurrent deliveries for (e), (f) and (g)")
 	flag.Parse()
-	if err := run(*addr, *clients, *duration, *requests, *messages, *rounds); err != nil {
+	if err := run(*addr, *clients, *deliveries, *duration, *requests, *messages, *rounds); err != nil {
 		fmt.Fprintln(os.Stderr, "redisbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr string, clients int, duration time.Duration, requests, messages, rounds int) error {
+func run(addr string, clients, deliveries int, duration time.Duration, requests, messages, rounds int) error {
 	ctx := context.Background()
 	client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: clients, ContextTimeoutEnabled: true})
 	defer client.Close()
@@ -145,6 +152,10 @@ func run(addr string, clients int, duration time.Duration, requests, messages, r
 	if err != nil {
 		return err
 	}
+	co, err := coalescing(addr, prefix, deliveries, duration, messages, rounds)
+	if err != nil {
+		return err
+	}
 
 	added := withStore - bare
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -162,7 +173,88 @@ func run(addr string, clients int, duration time.Duration, requests, messages, r
 	fmt.Fprintf(w, "Acquire+Complete back to back, one client\t%s\t%.2f round trips\t\t\n", us(pair), float64(pair)/float64(rtt))
 	fmt.Fprintf(w, "(d) against the store's own two calls\t\t%.2f × Acquire+Complete\t\t\n", float64(added)/float64(pair))
 	fmt.Fprintf(w, "memory per completed record\t%d bytes\t\t\t\n", mem)
+	fmt.Fprintf(w, "(e) %d deliveries: Acquire+Complete, coalesced\t%s cycles/s\t%.2f = (e)/(f)\t≥ 2.00\t\n", deliveries, count(co.on), co.on/co.lock)
+	fmt.Fprintf(w, "(f) %d deliveries: redislock Obtain+Release\t%s cycles/s\t\t\t\n", deliveries, count(co.lock))
+	fmt.Fprintf(w, "(g) %d deliveries: Acquire+Complete, NoCoalesce\t%s cycles/s\t%.2f = (e)/(g)\t\t\n", deliveries, count(co.off), co.on/co.off)
+	fmt.Fprintf(w, "(g) against redislock\t\t%.2f = (g)/(f)\t\t\n", co.off/co.lock)
+	fmt.Fprintf(w, "(h) one caller: Acquire+Complete, coalescing on\t%s\t%.3f × off\t≤ 1.05\t\n", us(co.loneOn), float64(co.loneOn)/float64(co.loneOff))
+	fmt.Fprintf(w, "(h) one caller: Acquire+Complete, NoCoalesce\t%s\t\t\t\n", us(co.loneOff))
 	return w.Flush()
+}
+
+// coalesced holds the figures of (e) to (h).
+type coalesced struct {
+	on, off, lock   float64
+	loneOn, loneOff time.Duration
+}
+
+// coalescing measures (e) to (h) on a client of its own whose pool has a
+// connection for each delivery, so that neither uncoalesced loop waits
+// for one.
+func coalescing(addr, prefix string, deliveries int, duration time.Duration, messages, rounds int) (coalesced, error) {
+	var r coalesced
+	client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: deliveries, ContextTimeoutEnabled: true})
+	defer client.Close()
+	on, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
+	if err != nil {
+		return r, err
+	}
+	off, err := redisstore.New(client, redisstore.Options{Prefix: prefix, NoCoalesce: true})
+	if err != nil {
+		return r, err
+	}
+	locker := redislock.New(client)
+	obtainRelease := func(ctx context.Context, key string) error {
+		l, err := locker.Obtain(ctx, prefix+"lock:"+key, 30*time.Second, nil)
+		if err != nil {
+			return err
+		}
+		return l.Release(ctx)
+	}
+	var onRuns, offRuns, lockRuns []float64
+	measure := func(runs *[]float64, op func(context.Context, string) error) func() error {
+		return func() error {
+			v, err := load.Cycles(deliveries, duration, op)
+			*runs = append(*runs, v)
+			return err
+		}
+	}
+	if err := load.Rounds(rounds,
+		measure(&onRuns, load.StoreCycle(on)),
+		measure(&lockRuns, obtainRelease),
+		measure(&offRuns, load.StoreCycle(off)),
+	); err != nil {
+		return r, err
+	}
+	r.on, r.off, r.lock = load.Median(onRuns), load.Median(offRuns), load.Median(lockRuns)
+	r.loneOn, r.loneOff, err = alternating(messages, load.StoreCycle(on), load.StoreCycle(off))
+	return r, err
+}
+
+// alternating runs a and b n times each on fresh keys, one after the
+// other, alternating which goes first, and returns the median time of
+// each.
+func alternating(n int, a, b func(context.Context, string) error) (time.Duration, time.Duration, error) {
+	la, lb := make([]time.Duration, n), make([]time.Duration, n)
+	timed := func(op func(context.Context, string) error, d *time.Duration) error {
+		key := load.NextKey()
+		start := time.Now()
+		err := op(context.Background(), key)
+		*d = time.Since(start)
+		return err
+	}
+	for i := range n {
+		var err error
+		if i%2 == 0 {
+			err = errors.Join(timed(a, &la[i]), timed(b, &lb[i]))
+		} else {
+			err = errors.Join(timed(b, &lb[i]), timed(a, &la[i]))
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+	}
+	return load.MedianDuration(la), load.MedianDuration(lb), nil
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond)) }

@@ -72,8 +72,14 @@ func TestPausedStoreIsATimeout(t *testing.T) {
 // bare is a store without optional capabilities.
 type bare struct{ backends.Store }
 
+// limited is the in-memory store with an output limit, as DynamoDB's.
+type limited struct{ *memstore.Store }
+
+func (limited) MaxOutputBytes() int { return 4096 }
+
 // The instrumented store keeps the pool size the middleware sizes its
-// acquisitions by, and adds no capability the store lacks.
+// acquisitions by and the store's output limit, and lists only if the
+// store does.
 func TestInstrumentStoreKeepsCapabilities(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", PoolSize: 10})
 	t.Cleanup(func() { _ = client.Close() })
@@ -87,17 +93,19 @@ func TestInstrumentStoreKeepsCapabilities(t *testing.T) {
 	_, ok = wrapped.(backends.Lister)
 	require.True(t, ok)
 
-	wrapped, err = idemotel.InstrumentStore(memstore.New(memstore.Options{}), idemotel.StoreConfig{})
+	require.Zero(t, wrapped.(backends.OutputLimiter).MaxOutputBytes(), "Redis sets no output limit")
+
+	wrapped, err = idemotel.InstrumentStore(limited{memstore.New(memstore.Options{})}, idemotel.StoreConfig{})
 	require.NoError(t, err)
-	_, ok = wrapped.(backends.PoolSizer)
-	require.False(t, ok)
+	require.Zero(t, wrapped.(backends.PoolSizer).PoolSize(), "0: unknown, as for a store that does not say")
+	require.Equal(t, 4096, wrapped.(backends.OutputLimiter).MaxOutputBytes())
 	_, ok = wrapped.(backends.Lister)
 	require.True(t, ok)
 
 	wrapped, err = idemotel.InstrumentStore(bare{memstore.New(memstore.Options{})}, idemotel.StoreConfig{})
 	require.NoError(t, err)
 	_, ok = wrapped.(backends.Lister)
-	require.False(t, ok, "no capability the store lacks")
+	require.False(t, ok, "no listing the store lacks")
 
 	_, err = idemotel.InstrumentStore(nil, idemotel.StoreConfig{})
 	require.Error(t, err)

@@ -66,7 +66,8 @@ const AttrStatus = attribute.Key("watermill.idempotency.store.status")
 // watermill.idempotency.store.operation.duration histogram, in seconds, by
 // operation and, for calls that fail, error.type. The wrapper has the
 // optional capabilities of the store it wraps, unmeasured: its pool size
-// (backends.PoolSizer), so the middleware's defaults do not change, and
+// (backends.PoolSizer) and output limit (backends.OutputLimiter), so the
+// middleware's defaults do not change, its watches (backends.Watcher), and
 // its listing (backends.Lister). It returns an error for a nil store
 // or if the histogram cannot be created.
 func InstrumentStore(store backends.Store, cfg StoreConfig) (backends.Store, error) {
@@ -100,27 +101,37 @@ func InstrumentStore(store backends.Store, cfg StoreConfig) (backends.Store, err
 			s.failed[op][t] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(name, AttrErrorType.String(t)))}
 		}
 	}
-	ps, sized := store.(backends.PoolSizer)
-	l, lists := store.(backends.Lister)
-	switch {
-	case sized && lists:
-		return &struct {
-			*instrumented
-			backends.PoolSizer
-			backends.Lister
-		}{s, ps, l}, nil
-	case sized:
-		return &struct {
-			*instrumented
-			backends.PoolSizer
-		}{s, ps}, nil
-	case lists:
+	if l, ok := store.(backends.Lister); ok {
 		return &struct {
 			*instrumented
 			backends.Lister
 		}{s, l}, nil
 	}
 	return s, nil
+}
+
+// PoolSize implements backends.PoolSizer: the wrapped store's pool size,
+// or 0 (unknown) if it reports none.
+func (s *instrumented) PoolSize() int {
+	if ps, ok := s.next.(backends.PoolSizer); ok {
+		return ps.PoolSize()
+	}
+	return 0
+}
+
+// Watch implements backends.Watcher with the wrapped store's, and
+// reports not ok if the store cannot wake waiters.
+func (s *instrumented) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
+	return backends.WatchOf(ctx, s.next, key)
+}
+
+// MaxOutputBytes implements backends.OutputLimiter: the wrapped store's
+// limit, or 0 (none) if it sets none.
+func (s *instrumented) MaxOutputBytes() int {
+	if ol, ok := s.next.(backends.OutputLimiter); ok {
+		return ol.MaxOutputBytes()
+	}
+	return 0
 }
 
 // instrumented measures each call to next. Its attribute sets are built

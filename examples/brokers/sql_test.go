@@ -12,6 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	_ "github.com/go-sql-driver/mysql"
 
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
 	"github.com/watermill-idempotency/idempotency/examples/internal/story"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 )
@@ -91,5 +93,25 @@ func TestSQLMariaDB(t *testing.T) {
 		// topic for everyone.
 		b.Serialized = true
 		return b
-	})
+	}, story.Store{Name: "mysql", New: mysqlStore})
+}
+
+// mysqlStore is the story's store on the same MariaDB as the broker: the
+// leases next to the messages, in a table of the test's own.
+func mysqlStore(t testing.TB) backends.Store {
+	db, err := sql.Open("mysql", testserver.Env("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	table := strings.NewReplacer("-", "_", ":", "").Replace(testserver.Unique("story_"))
+	s, err := mysqlstore.New(db, mysqlstore.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatalf("MariaDB (MYSQL_DSN): %v", err)
+	}
+	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS `" + table + "`") })
+	return s
 }

@@ -69,6 +69,7 @@ func run(ctx context.Context, kafkaBrokers, redisAddr string, w io.Writer) error
 	if err != nil {
 		return err
 	}
+	defer store.Close()
 	brokers := strings.Split(kafkaBrokers, ",")
 	if kafkaBrokers == "" {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))

@@ -107,6 +107,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	defer rs.Close()
 	// Metrics: the middleware's, through contrib/otel, and Watermill's
 	// router metrics, at one /metrics endpoint.
 	metrics, err := examplemetrics.Serve(cfg.MetricsAddr)

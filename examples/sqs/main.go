@@ -1,5 +1,6 @@
 // Command sqs is an order-processing service on Amazon SQS (watermill-aws)
-// with the idempotency middleware, its leases in Redis (or Postgres).
+// with the idempotency middleware, its leases in Redis (or Postgres, or
+// DynamoDB).
 //
 // It tells the story every broker's test tells (examples/internal/story).
 // Two consumer instances receive from one queue. The producer sends every
@@ -20,12 +21,16 @@
 // with what it saw.
 //
 // Configuration (environment): SQS_ENDPOINT (default http://localhost:4566,
-// LocalStack), AWS_REGION (us-east-1), STORE or -store (redis or postgres),
-// REDIS_ADDR (127.0.0.1:6379), DATABASE_URL (for the postgres store),
-// METRICS_ADDR (127.0.0.1:0, a free port).
+// LocalStack), AWS_REGION (us-east-1), STORE or -store (redis, postgres or
+// dynamodb), REDIS_ADDR (127.0.0.1:6379), DATABASE_URL (for the postgres
+// store), DYNAMODB_ENDPOINT (for the dynamodb store; defaults to
+// SQS_ENDPOINT, as LocalStack serves both), DYNAMODB_NO_TTL (set it for
+// an emulator without TTL, such as dynalite), METRICS_ADDR (127.0.0.1:0, a
+// free port).
 //
 //	go run ./sqs
 //	go run ./sqs -store postgres
+//	go run ./sqs -store dynamodb
 package main
 
 import (
@@ -45,11 +50,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/dynamostore"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
 	"github.com/watermill-idempotency/idempotency/contrib/awssqs"
@@ -59,18 +66,20 @@ import (
 )
 
 func main() {
-	store := flag.String("store", env("STORE", "redis"), "where the leases live: redis or postgres")
+	store := flag.String("store", env("STORE", "redis"), "where the leases live: redis, postgres or dynamodb")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := Config{
-		Endpoint:    env("SQS_ENDPOINT", "http://localhost:4566"),
-		Region:      env("AWS_REGION", "us-east-1"),
-		Store:       *store,
-		RedisAddr:   env("REDIS_ADDR", "127.0.0.1:6379"),
-		DatabaseURL: env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
-		MetricsAddr: env("METRICS_ADDR", "127.0.0.1:0"),
-		Orders:      10,
+		Endpoint:       env("SQS_ENDPOINT", "http://localhost:4566"),
+		Region:         env("AWS_REGION", "us-east-1"),
+		Store:          *store,
+		RedisAddr:      env("REDIS_ADDR", "127.0.0.1:6379"),
+		DatabaseURL:    env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		DynamoEndpoint: os.Getenv("DYNAMODB_ENDPOINT"),
+		DynamoNoTTL:    os.Getenv("DYNAMODB_NO_TTL") != "",
+		MetricsAddr:    env("METRICS_ADDR", "127.0.0.1:0"),
+		Orders:         10,
 	}
 	if _, err := Run(ctx, cfg, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "sqs example:", err)
@@ -88,9 +97,15 @@ func env(name, def string) string {
 // Config configures a run.
 type Config struct {
 	Endpoint, Region string
-	// Store is "redis" or "postgres".
+	// Store is "redis", "postgres" or "dynamodb".
 	Store                  string
 	RedisAddr, DatabaseURL string
+	// DynamoEndpoint is DynamoDB's endpoint, for the dynamodb store.
+	// Defaults to Endpoint (LocalStack serves both).
+	DynamoEndpoint string
+	// DynamoNoTTL leaves TTL off on the store's table, for an emulator
+	// without UpdateTimeToLive (dynalite).
+	DynamoNoTTL bool
 	// MetricsAddr is where /metrics is served while the run lasts.
 	// Defaults to 127.0.0.1:0, a free port.
 	MetricsAddr string
@@ -269,7 +284,11 @@ func openStore(ctx context.Context, cfg Config) (backends.Store, func(), error) 
 			return nil, nil, fmt.Errorf("redis at %s: %w", cfg.RedisAddr, err)
 		}
 		store, err := redisstore.New(client, redisstore.Options{Prefix: cfg.Prefix + ":idem:"})
-		return store, func() { client.Close() }, err
+		if err != nil {
+			client.Close()
+			return nil, nil, err
+		}
+		return store, func() { store.Close(); client.Close() }, nil
 	case "postgres":
 		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 		if err != nil {
@@ -288,6 +307,33 @@ func openStore(ctx context.Context, cfg Config) (backends.Store, func(), error) 
 			pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck
 			pool.Close()
 		}, nil
+	case "dynamodb":
+		return openDynamo(ctx, cfg)
 	}
-	return nil, nil, fmt.Errorf("STORE must be redis or postgres, got %q", cfg.Store)
+	return nil, nil, fmt.Errorf("STORE must be redis, postgres or dynamodb, got %q", cfg.Store)
+}
+
+// openDynamo opens the dynamodb store on a table of the run's own, created
+// by the store's helper and deleted at the end.
+func openDynamo(ctx context.Context, cfg Config) (backends.Store, func(), error) {
+	endpoint := cfg.DynamoEndpoint
+	if endpoint == "" {
+		endpoint = cfg.Endpoint
+	}
+	client := dynamodb.New(dynamodb.Options{
+		Region:       cfg.Region,
+		BaseEndpoint: aws.String(endpoint),
+		Credentials:  credentials.NewStaticCredentialsProvider("example", "example", ""),
+	})
+	table := strings.ReplaceAll(cfg.Prefix, ":", "_") + "-idem"
+	store, err := dynamostore.New(client, dynamostore.Options{Table: table})
+	if err == nil {
+		err = store.CreateTable(ctx, dynamostore.TableOptions{NoTTL: cfg.DynamoNoTTL})
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("dynamodb at %s: %w", endpoint, err)
+	}
+	return store, func() {
+		client.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)}) //nolint:errcheck
+	}, nil
 }

@@ -26,15 +26,18 @@ func config(endpoint, store string) Config {
 }
 
 // The example end to end on the goaws SQS emulator, with the leases in
-// the real Redis and, in a second run, the real Postgres.
+// the real Redis, then in the real Postgres, then in DynamoDB (dynalite).
 func TestSQSExample(t *testing.T) {
 	endpoint := testserver.StartGoaws(t)
-	for _, store := range []string{"redis", "postgres"} {
+	dynamo := testserver.StartDynalite(t)
+	for _, store := range []string{"redis", "postgres", "dynamodb"} {
 		t.Run(store, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			var out bytes.Buffer
-			rep, err := Run(ctx, config(endpoint, store), &out)
+			cfg := config(endpoint, store)
+			cfg.DynamoEndpoint, cfg.DynamoNoTTL = dynamo, true
+			rep, err := Run(ctx, cfg, &out)
 			t.Log("\n" + out.String())
 			if err != nil {
 				t.Fatal(err)

@@ -26,7 +26,7 @@ func quickstart(router *message.Router, sub message.Subscriber, redisClient redi
 		return err
 	}
 	idem, err := idempotency.New(idempotency.Config{
-		Store: store,                         // redisstore, pgstore (many instances) or memstore (one process)
+		Store: store,                         // redisstore, pgstore, mysqlstore, dynamostore (many instances) or memstore (one process)
 		Key:   keyfunc.JSONField("order_id"), // or keyfunc.UUID(), Metadata, PayloadHash, First, your own
 	})
 	if err != nil {

@@ -4,11 +4,14 @@ package load
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/watermill-idempotency/idempotency/backends"
 )
 
 // keySeq numbers keys across every run of a process, so no key is used
@@ -75,4 +78,32 @@ func MedianDuration(v []time.Duration) time.Duration {
 	s := append([]time.Duration(nil), v...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
+}
+
+// StoreCycle is one cycle of a store on a fresh key: Acquire, then
+// Complete with no output, as the middleware does for a message.
+func StoreCycle(store backends.Store) func(ctx context.Context, key string) error {
+	return func(ctx context.Context, key string) error {
+		res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: key, LeaseTTL: 30 * time.Second, Retention: time.Hour})
+		if err != nil {
+			return err
+		}
+		if res.Status != backends.Acquired {
+			return fmt.Errorf("key %s: %v", key, res.Status)
+		}
+		return store.Complete(ctx, res.Lease, nil)
+	}
+}
+
+// Rounds runs the steps rounds times, in an order that rotates each
+// round, so that no step always follows another.
+func Rounds(rounds int, steps ...func() error) error {
+	for round := range rounds {
+		for i := range steps {
+			if err := steps[(i+round)%len(steps)](); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

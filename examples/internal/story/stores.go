@@ -3,6 +3,7 @@ package story
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,7 @@ var Stores = []Store{
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = s.Close() })
 		return s
 	}},
 	{"postgres", func(t testing.TB) backends.Store {
@@ -45,9 +47,10 @@ var Stores = []Store{
 }
 
 // Tell runs the story on the broker newBroker returns, once per store in
-// Stores, each in its own subtest, and fails the test if its check fails.
-func Tell(t *testing.T, newBroker func(t *testing.T) Broker) {
-	for _, st := range Stores {
+// Stores and then in extra, each in its own subtest, and fails the test
+// if its check fails.
+func Tell(t *testing.T, newBroker func(t *testing.T) Broker, extra ...Store) {
+	for _, st := range append(slices.Clip(Stores), extra...) {
 		t.Run(st.Name, func(t *testing.T) {
 			b := newBroker(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -207,6 +207,11 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		rep      = Report{Broker: b.Name, Orders: orders + 3, Outcomes: map[string]int64{}, RedeliversWhileRunning: b.RedeliversWhileRunning, Serialized: b.Serialized}
 		acked    atomic.Int64
 		inFlight atomic.Int64
+		// Deliveries handed to a router and deliveries done: a router's
+		// Close can return while a delivery it took during closing still
+		// runs, so the run ends when the two agree.
+		handed   atomic.Int64
+		finished atomic.Int64
 		failed   atomic.Bool
 		slowRan  = make(chan struct{})
 		slowOnce sync.Once
@@ -223,6 +228,13 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 	poison, err := wmmiddleware.PoisonQueueWithFilter(poisoned, "poison", idempotency.IsPoison)
 	if err != nil {
 		return rep, err
+	}
+	snapshot := func() Report {
+		mu.Lock()
+		defer mu.Unlock()
+		out := rep
+		out.Outcomes = maps.Clone(rep.Outcomes)
+		return out
 	}
 	observer := idempotency.ObserverFunc(func(_ context.Context, ev idempotency.Event) {
 		mu.Lock()
@@ -255,6 +267,7 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 	track := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			inFlight.Add(1)
+			defer finished.Add(1)
 			defer inFlight.Add(-1)
 			return h(msg)
 		}
@@ -322,8 +335,9 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 	for i, consumer := range routerNames {
 		sub, err := b.Subscriber(consumer)
 		if err != nil {
-			return rep, fmt.Errorf("%s subscriber: %w", consumer, err)
+			return snapshot(), fmt.Errorf("%s subscriber: %w", consumer, err)
 		}
+		sub = &handing{Subscriber: sub, n: &handed}
 		store := &crashable{Store: counted}
 		cfg := idempotency.Config{
 			Store:     store,
@@ -340,11 +354,11 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		}
 		idem, err := idempotency.New(cfg)
 		if err != nil {
-			return rep, err
+			return snapshot(), err
 		}
 		router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, logger)
 		if err != nil {
-			return rep, err
+			return snapshot(), err
 		}
 		if b.SetupRouter != nil {
 			b.SetupRouter(router)
@@ -360,7 +374,7 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		select {
 		case <-router.Running():
 		case <-ctx.Done():
-			return rep, ctx.Err()
+			return snapshot(), ctx.Err()
 		}
 	}
 
@@ -380,22 +394,22 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 	}
 	fmt.Fprintf(w, "%s: the slow order twice at once, the flaky order, the outage order, then %d orders twice each\n", b.Name, orders)
 	if err := publish(SlowOrder, 2); err != nil {
-		return rep, err
+		return snapshot(), err
 	}
 	if err := publish(FlakyOrder, 1); err != nil {
-		return rep, err
+		return snapshot(), err
 	}
 	if err := publish(OutageOrder, 1); err != nil {
-		return rep, err
+		return snapshot(), err
 	}
 	select {
 	case <-slowRan:
 	case <-ctx.Done():
-		return rep, fmt.Errorf("the slow order never finished: %w", ctx.Err())
+		return snapshot(), fmt.Errorf("the slow order never finished: %w", ctx.Err())
 	}
 	for i := range orders {
 		if err := publish(fmt.Sprintf("order-%03d", i), 2); err != nil {
-			return rep, err
+			return snapshot(), err
 		}
 	}
 
@@ -408,7 +422,7 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		}
 		select {
 		case <-ctx.Done():
-			return rep, fmt.Errorf("not settled: %d of %d orders charged, %d of %d deliveries acked: %w",
+			return snapshot(), fmt.Errorf("not settled: %d of %d orders charged, %d of %d deliveries acked: %w",
 				len(tally), rep.Orders, acked.Load(), rep.Published*b.DeliveriesPerMessage, ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
@@ -418,7 +432,7 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 	// holder's lease over once it has run out.
 	rep.Orders++
 	if err := publish(CrashOrder, 1); err != nil {
-		return rep, err
+		return snapshot(), err
 	}
 	var crashCloseErr error
 	for closed := false; ; {
@@ -428,7 +442,7 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		case <-crashCharged:
 			crashCharged = nil
 		case <-ctx.Done():
-			return rep, fmt.Errorf("the crash order was not charged after the crash (charged: %v, crashed router closed: %v): %w",
+			return snapshot(), fmt.Errorf("the crash order was not charged after the crash (charged: %v, crashed router closed: %v): %w",
 				crashCharged == nil, closed, ctx.Err())
 		}
 		if closed && crashCharged == nil {
@@ -439,11 +453,18 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		fmt.Fprintf(w, "  closing the crashed consumer: %v\n", crashCloseErr)
 	}
 	if err := closeAll(); err != nil {
-		return rep, fmt.Errorf("closing the consumers: %w", err)
+		return snapshot(), fmt.Errorf("closing the consumers: %w", err)
+	}
+	for finished.Load() < handed.Load() {
+		select {
+		case <-ctx.Done():
+			return snapshot(), fmt.Errorf("routers closed with %d deliveries still running: %w", handed.Load()-finished.Load(), ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 	tally, refused, err := sink.Tally()
 	if err != nil {
-		return rep, err
+		return snapshot(), err
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -453,7 +474,10 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 	for key, t := range tally {
 		rep.Applied[strings.TrimPrefix(key, namespace+":")] = t.Applied
 	}
-	return rep, nil
+	// The caller gets outcomes of its own.
+	out := rep
+	out.Outcomes = maps.Clone(rep.Outcomes)
+	return out, nil
 }
 
 // routerNames are the consumers' names, and their handlers'.
@@ -489,6 +513,15 @@ func (c *crashable) Complete(ctx context.Context, lease backends.Lease, output [
 	return c.Store.Complete(ctx, lease, output)
 }
 
+// Watch keeps the store's backends.Watcher: waiting duplicates are woken
+// by the holder's completion. A crashed consumer cannot watch.
+func (c *crashable) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
+	if c.dead.Load() {
+		return nil, func() {}, false
+	}
+	return backends.WatchOf(ctx, c.Store, key)
+}
+
 func (c *crashable) Release(ctx context.Context, lease backends.Lease) error {
 	if c.dead.Load() {
 		return errCrashed
@@ -518,6 +551,35 @@ func (o *outage) Acquire(ctx context.Context, req backends.AcquireRequest) (back
 		}
 	}
 	return o.Store.Acquire(ctx, req)
+}
+
+// handing counts the messages its subscriber hands to the router. It
+// closes its channel only after the subscriber's, and the router reads
+// until then, so every message counted reaches a handler.
+type handing struct {
+	message.Subscriber
+	n *atomic.Int64
+}
+
+func (h *handing) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	in, err := h.Subscriber.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	go func() {
+		defer close(out)
+		for msg := range in {
+			h.n.Add(1)
+			out <- msg
+		}
+	}()
+	return out, nil
+}
+
+// Watch keeps the store's backends.Watcher.
+func (o *outage) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
+	return backends.WatchOf(ctx, o.Store, key)
 }
 
 // countingPublisher counts what the poison queue publishes.

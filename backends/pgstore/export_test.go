@@ -1,0 +1,11 @@
+package pgstore
+
+import "time"
+
+// SetListenIdle makes the listeners of stores created from now on ping
+// their connection after d of silence, until restore is called.
+func SetListenIdle(d time.Duration) (restore func()) {
+	old := listenIdle
+	listenIdle = d
+	return func() { listenIdle = old }
+}

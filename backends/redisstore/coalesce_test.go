@@ -1,0 +1,470 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/redisstore"
+	"github.com/watermill-idempotency/idempotency/backends/storetest"
+	"github.com/watermill-idempotency/idempotency/internal/testserver"
+)
+
+const wait = time.Minute // generous: these machines are small and shared
+
+// The full suite with every call sent on its own.
+func TestConformanceNoCoalesce(t *testing.T) {
+	client := testserver.RedisClient(t)
+	storetest.Run(t, func(t *testing.T) storetest.Fixture {
+		return storetest.Fixture{Store: storeWith(t, client, redisstore.Options{NoCoalesce: true})}
+	})
+}
+
+func storeWith(t *testing.T, client redis.Scripter, opts redisstore.Options) *redisstore.Store {
+	t.Helper()
+	if opts.Prefix == "" {
+		opts.Prefix = testserver.Unique("coalesce-test:")
+	}
+	s, err := redisstore.New(client, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// pipes is a go-redis hook that watches the store's round trips. A
+// command on a key holding "hold" waits, before it is sent, until held is
+// closed; while pipeHeld is open, every pipeline of scripts waits for it,
+// after reporting its keys on piped.
+type pipes struct {
+	holding  chan struct{} // a command on a "hold" key is waiting
+	held     chan struct{}
+	pipeHeld chan struct{}
+	piped    chan []string
+
+	batched      atomic.Int64 // pipelines of more than one command
+	batchedCmds  atomic.Int64 // commands in them
+	noScript     atomic.Int64 // commands answered NOSCRIPT
+	pipeNoScript atomic.Int64 // commands answered NOSCRIPT in a pipeline
+	evals        atomic.Int64 // commands sent with EVAL in a pipeline
+}
+
+func newPipes() *pipes { return &pipes{holding: make(chan struct{}, 1), held: make(chan struct{})} }
+
+func keyOf(cmd redis.Cmder) string {
+	if args := cmd.Args(); len(args) > 3 {
+		s, _ := args[3].(string)
+		return s
+	}
+	return ""
+}
+
+func scripts(cmds []redis.Cmder) bool {
+	for _, cmd := range cmds {
+		if n := cmd.Name(); n != "evalsha" && n != "eval" {
+			return false
+		}
+	}
+	return true
+}
+
+func (h *pipes) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *pipes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if strings.Contains(keyOf(cmd), "hold") {
+			select {
+			case h.holding <- struct{}{}:
+			default:
+			}
+			<-h.held
+		}
+		err := next(ctx, cmd)
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			h.noScript.Add(1)
+		}
+		return err
+	}
+}
+
+func (h *pipes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if !scripts(cmds) { // such as the commands go-redis sends on a new connection
+			return next(ctx, cmds)
+		}
+		if len(cmds) > 1 {
+			h.batched.Add(1)
+			h.batchedCmds.Add(int64(len(cmds)))
+		}
+		for _, cmd := range cmds {
+			if cmd.Name() == "eval" {
+				h.evals.Add(1)
+			}
+		}
+		if h.pipeHeld != nil {
+			keys := make([]string, len(cmds))
+			for i, cmd := range cmds {
+				keys[i] = keyOf(cmd)
+			}
+			h.piped <- keys
+			<-h.pipeHeld
+		}
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+				h.noScript.Add(1)
+				h.pipeNoScript.Add(1)
+			}
+		}
+		return err
+	}
+}
+
+// hammer runs rounds of 64 workers on one store. In each round every
+// worker tries to acquire each of 8 shared keys; exactly one wins each
+// key, with a token one above the last round's, and the winners release
+// their keys when the round is over. Each worker also acquires,
+// completes and asks again for a key of its own.
+func hammer(t *testing.T, s backends.Store, rounds int) {
+	const workers, shared = 64, 8
+	ctx := context.Background()
+	for round := range rounds {
+		var (
+			mu   sync.Mutex
+			wins = make([][]backends.Lease, shared)
+			wg   sync.WaitGroup
+		)
+		for w := range workers {
+			wg.Go(func() {
+				owner := fmt.Sprintf("w%d-r%d", w, round)
+				for i := range shared {
+					k := (i + w) % shared
+					res, err := s.Acquire(ctx, backends.AcquireRequest{
+						Key: fmt.Sprintf("shared-%d", k), Owner: owner, LeaseTTL: time.Minute, Retention: time.Minute})
+					if !assert.NoError(t, err) {
+						return
+					}
+					switch res.Status {
+					case backends.Acquired:
+						mu.Lock()
+						wins[k] = append(wins[k], res.Lease)
+						mu.Unlock()
+					case backends.InProgress:
+					default:
+						t.Errorf("shared key %d, round %d: %+v", k, round, res)
+					}
+				}
+				own := fmt.Sprintf("own-%d-%d", w, round)
+				res, err := s.Acquire(ctx, backends.AcquireRequest{Key: own, Owner: owner, LeaseTTL: time.Minute, Retention: time.Minute})
+				if !assert.NoError(t, err) || !assert.Equal(t, backends.Acquired, res.Status) {
+					return
+				}
+				assert.EqualValues(t, 1, res.Lease.Token)
+				assert.Equal(t, 1, res.Lease.Attempt)
+				if !assert.NoError(t, s.Complete(ctx, res.Lease, []byte(own))) {
+					return
+				}
+				dup, err := s.Acquire(ctx, backends.AcquireRequest{Key: own, Owner: owner + "-dup", LeaseTTL: time.Minute, Retention: time.Minute})
+				if assert.NoError(t, err) && assert.Equal(t, backends.Completed, dup.Status) {
+					assert.Equal(t, own, string(dup.Output))
+				}
+			})
+		}
+		wg.Wait()
+		for k, won := range wins {
+			require.Len(t, won, 1, "shared key %d, round %d: acquired exactly once", k, round)
+			l := won[0]
+			require.EqualValues(t, round+1, l.Token, "shared key %d: one token up per round", k)
+			require.False(t, l.Takeover || l.Reentrant, "%+v", l)
+			wg.Go(func() { assert.NoError(t, s.Release(ctx, l)) })
+		}
+		wg.Wait()
+		require.False(t, t.Failed())
+	}
+}
+
+// 64 workers on shared and distinct keys get the same answers with calls
+// coalesced as without, and coalesced calls did go out together.
+func TestCoalescedHammer(t *testing.T) {
+	addr := testserver.RedisClient(t).Options().Addr
+	for _, off := range []bool{false, true} {
+		t.Run(fmt.Sprintf("NoCoalesce=%v", off), func(t *testing.T) {
+			h := newPipes()
+			client := clientWithHook(t, addr, h, func(o *redis.Options) { o.PoolSize = 64 })
+			hammer(t, storeWith(t, client, redisstore.Options{NoCoalesce: off}), 10)
+			if off {
+				require.Zero(t, h.batched.Load(), "no pipelines")
+				return
+			}
+			require.Positive(t, h.batched.Load(), "pipelines carried more than one call")
+			t.Logf("%d pipelines of more than one call, %.1f calls each", h.batched.Load(),
+				float64(h.batchedCmds.Load())/float64(h.batched.Load()))
+		})
+	}
+}
+
+// The same on a real three-master Redis Cluster: each master has its own
+// queue, and go-redis's cluster pipeline sends each call to its node.
+func TestCoalescedHammerCluster(t *testing.T) {
+	addrs := testserver.StartRedisCluster(t, 3)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64})
+	t.Cleanup(func() { _ = client.Close() })
+	h := newPipes()
+	client.AddHook(h)
+	hammer(t, storeWith(t, client, redisstore.Options{}), 10)
+	require.Positive(t, h.batched.Load(), "pipelines carried more than one call")
+}
+
+// slotStore returns a store whose client has a pool of one connection, so
+// that one call at a time goes out on its own, and its key prefix.
+func slotStore(t *testing.T, addr string, h *pipes) (*redisstore.Store, string) {
+	t.Helper()
+	client := clientWithHook(t, addr, h, func(o *redis.Options) { o.PoolSize = 1 })
+	prefix := testserver.Unique("coalesce-test:")
+	return storeWith(t, client, redisstore.Options{Prefix: prefix}), prefix
+}
+
+// hold starts a call on the key "hold" and returns once it has taken the
+// store's one slot, which it keeps until h.held is closed: the calls made
+// meanwhile queue. It returns the held call's error.
+func hold(t *testing.T, s *redisstore.Store, h *pipes) <-chan error {
+	t.Helper()
+	held := async(func() error {
+		_, err := s.Acquire(context.Background(), backends.AcquireRequest{Key: "hold", Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
+		return err
+	})
+	<-h.holding
+	return held
+}
+
+func async(fn func() error) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- fn() }()
+	return ch
+}
+
+type result struct {
+	res backends.AcquireResult
+	err error
+}
+
+func acquireAsync(ctx context.Context, s backends.Store, key string) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		res, err := s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o-" + key, LeaseTTL: time.Minute, Retention: time.Minute})
+		ch <- result{res, err}
+	}()
+	return ch
+}
+
+// queued waits until n calls of s are queued.
+func queued(t *testing.T, s *redisstore.Store, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return redisstore.QueuedCalls(s) == n }, wait, time.Millisecond, "%d calls queued", n)
+}
+
+func acquired(t *testing.T, ch <-chan result) {
+	t.Helper()
+	r := <-ch
+	require.NoError(t, r.err)
+	require.Equal(t, backends.Acquired, r.res.Status)
+}
+
+// expiring is a context whose deadline passes when expire is called.
+type expiring struct {
+	context.Context
+	deadline time.Time
+	done     chan struct{}
+}
+
+func newExpiring() *expiring {
+	return &expiring{Context: context.Background(), deadline: time.Now().Add(time.Hour), done: make(chan struct{})}
+}
+
+func (e *expiring) Deadline() (time.Time, bool) { return e.deadline, true }
+func (e *expiring) Done() <-chan struct{}       { return e.done }
+func (e *expiring) expire()                     { close(e.done) }
+
+func (e *expiring) Err() error {
+	select {
+	case <-e.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+// A queued call whose context ends leaves the queue and returns its
+// context's error at once, while the slot is still taken; it is never
+// sent. A call whose context has already ended is not queued. The calls
+// queued with it go out together once the slot is free.
+func TestDeadlineWhileQueued(t *testing.T) {
+	h := newPipes()
+	s, _ := slotStore(t, testserver.RedisClient(t).Options().Addr, h)
+	held := hold(t, s, h)
+	ctx := context.Background()
+	a, b := acquireAsync(ctx, s, "a"), acquireAsync(ctx, s, "b")
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	x := acquireAsync(short, s, "x")
+	queued(t, s, 3)
+
+	r := <-x
+	require.ErrorIs(t, r.err, context.DeadlineExceeded)
+	queued(t, s, 2)
+	expired, cancel2 := context.WithTimeout(ctx, -time.Second)
+	defer cancel2()
+	_, err := s.Acquire(expired, backends.AcquireRequest{Key: "y", Owner: "o", LeaseTTL: time.Minute})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	queued(t, s, 2)
+
+	close(h.held)
+	require.NoError(t, <-held)
+	acquired(t, a)
+	acquired(t, b)
+	require.EqualValues(t, 1, h.batched.Load(), "a and b went in one pipeline")
+	for _, k := range []string{"x", "y"} {
+		_, err := s.Inspect(ctx, k)
+		require.ErrorIs(t, err, backends.ErrNotFound, "%s was never sent", k)
+	}
+}
+
+// A call whose context ends while its pipeline is in flight returns at
+// once with its context's error; the pipeline goes on for the others, and
+// the call's own command runs (its reply is discarded).
+func TestDeadlineWhileInFlight(t *testing.T) {
+	h := newPipes()
+	h.pipeHeld, h.piped = make(chan struct{}), make(chan []string, 1)
+	s, _ := slotStore(t, testserver.RedisClient(t).Options().Addr, h)
+	held := hold(t, s, h)
+	ctx := context.Background()
+	a := acquireAsync(ctx, s, "a")
+	timed, cancel := context.WithTimeout(ctx, time.Hour)
+	defer cancel()
+	b := acquireAsync(timed, s, "b")
+	exp := newExpiring()
+	x := acquireAsync(exp, s, "x")
+	cancelled, cancel2 := context.WithCancel(ctx)
+	defer cancel2()
+	y := acquireAsync(cancelled, s, "y")
+	queued(t, s, 4)
+
+	close(h.held)
+	require.NoError(t, <-held)
+	keys := <-h.piped // the pipeline waits from here until pipeHeld is closed
+	require.Len(t, keys, 4)
+	exp.expire()
+	r := <-x
+	require.ErrorIs(t, r.err, context.DeadlineExceeded)
+	cancel2()
+	r = <-y
+	require.ErrorIs(t, r.err, context.Canceled)
+
+	close(h.pipeHeld)
+	acquired(t, a)
+	acquired(t, b)
+	for _, k := range []string{"x", "y"} {
+		rec, err := s.Inspect(ctx, k)
+		require.NoError(t, err, "%s ran", k)
+		require.Equal(t, "o-"+k, rec.Owner)
+	}
+}
+
+// One call failing in a pipeline (its key holds a string, so its script
+// gets WRONGTYPE) fails that call alone, with ErrRejected.
+func TestOneFailedCallInAPipeline(t *testing.T) {
+	shared := testserver.RedisClient(t)
+	h := newPipes()
+	h.pipeHeld, h.piped = make(chan struct{}), make(chan []string, 1)
+	close(h.pipeHeld)
+	s, prefix := slotStore(t, shared.Options().Addr, h)
+	ctx := context.Background()
+	require.NoError(t, shared.Set(ctx, prefix+"wrong", "not a hash", time.Minute).Err())
+	held := hold(t, s, h)
+	a, w, b := acquireAsync(ctx, s, "a"), acquireAsync(ctx, s, "wrong"), acquireAsync(ctx, s, "b")
+	queued(t, s, 3)
+
+	close(h.held)
+	require.NoError(t, <-held)
+	require.Len(t, <-h.piped, 3, "the three calls went in one pipeline")
+	r := <-w
+	require.ErrorIs(t, r.err, backends.ErrRejected)
+	require.ErrorContains(t, r.err, "WRONGTYPE")
+	acquired(t, a)
+	acquired(t, b)
+}
+
+// Queued calls whose script the server no longer has (SCRIPT FLUSH while
+// they waited) get NOSCRIPT in their pipeline and are sent again with
+// EVAL, without an error.
+func TestNoScriptInAPipeline(t *testing.T) {
+	r := testserver.StartRedis(t)
+	admin := clientWithHook(t, r.Addr(), nil)
+	h := newPipes()
+	s, _ := slotStore(t, r.Addr(), h)
+	ctx := context.Background()
+	var leases []backends.Lease
+	for _, k := range []string{"a", "b", "c"} {
+		res, err := s.Acquire(ctx, backends.AcquireRequest{Key: k, Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
+		require.NoError(t, err)
+		leases = append(leases, res.Lease)
+	}
+	held := hold(t, s, h)
+	var done []<-chan error
+	for _, l := range leases {
+		done = append(done, async(func() error { return s.Complete(ctx, l, nil) }))
+	}
+	queued(t, s, 3)
+	require.NoError(t, admin.ScriptFlush(ctx).Err())
+
+	close(h.held)
+	require.NoError(t, <-held)
+	for _, d := range done {
+		require.NoError(t, <-d)
+	}
+	require.EqualValues(t, 3, h.pipeNoScript.Load(), "the pipeline got NOSCRIPT")
+	require.EqualValues(t, 3, h.evals.Load(), "and its calls went again with EVAL")
+	for _, k := range []string{"a", "b", "c"} {
+		rec, err := s.Inspect(ctx, k)
+		require.NoError(t, err)
+		require.Equal(t, backends.StateCompleted, rec.State)
+	}
+}
+
+// SCRIPT FLUSH over and over while 64 workers hammer the store: no call
+// fails.
+func TestScriptFlushMidHammer(t *testing.T) {
+	r := testserver.StartRedis(t)
+	admin := clientWithHook(t, r.Addr(), nil)
+	h := newPipes()
+	client := clientWithHook(t, r.Addr(), h, func(o *redis.Options) { o.PoolSize = 64 })
+	s := storeWith(t, client, redisstore.Options{})
+	require.NoError(t, admin.ScriptFlush(context.Background()).Err())
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			assert.NoError(t, admin.ScriptFlush(context.Background()).Err())
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	})
+	hammer(t, s, 5)
+	close(done)
+	wg.Wait()
+	require.Positive(t, h.noScript.Load(), "calls met NOSCRIPT")
+	require.Positive(t, h.batched.Load())
+	t.Logf("%d NOSCRIPT replies, %d of them in pipelines, %d calls sent again with EVAL in pipelines",
+		h.noScript.Load(), h.pipeNoScript.Load(), h.evals.Load())
+}
