@@ -149,9 +149,18 @@ func testListEveryNamespace(t *testing.T, s *suite, l backends.Lister) {
 // other goroutines complete, release and delete records and add new ones.
 func testListWhileRecordsChange(t *testing.T, s *suite, l backends.Lister) {
 	const existing = 60
+	// The records that must exist throughout outlive any test run: a
+	// loaded machine can stretch the listings past a minute, and a record
+	// that expired meanwhile did not exist throughout.
+	const throughout = time.Hour
 	leases := make([]backends.Lease, existing)
 	for i := range leases {
-		leases[i] = s.mustAcquire(t, s.key(fmt.Sprintf("k%03d", i)), s.owner(), long)
+		res, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{
+			Key: s.key(fmt.Sprintf("k%03d", i)), Owner: s.owner(), LeaseTTL: throughout, Retention: throughout,
+		})
+		require.NoError(t, err)
+		require.Equal(t, backends.Acquired, res.Status)
+		leases[i] = res.Lease
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
