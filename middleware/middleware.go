@@ -275,15 +275,22 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 		case <-timer.C:
 		case <-w.changed:
 			timer.Stop()
-			// Watch again before asking the store, so that the ask
-			// covers any change until the new watch is in place. The
-			// first wake is answered at once; later ones (a new holder,
-			// a lost subscription, a store that wakes without cause)
-			// no sooner than the poll backoff allows.
 			wakes++
+			if wakes == 1 {
+				// Most likely the holder finished: ask the store at once,
+				// and watch again only if the key is still in progress
+				// (the new watch then asks once more, covering any change
+				// until it was in place).
+				w.changed, w.stale = nil, true
+				break
+			}
+			// Later wakes (a new holder, a lost subscription, a store
+			// that wakes without cause) watch again first, so that the
+			// ask covers any change until the new watch is in place, and
+			// ask no sooner than the poll backoff allows.
 			w.rewatch()
 			w.fresh = false
-			if wait := time.Until(lastAsk.Add(interval)); wakes > 1 && wait > 0 {
+			if wait := time.Until(lastAsk.Add(interval)); wait > 0 {
 				sleepCtx(d.msg.Context(), min(wait, time.Until(deadline)))
 				if err := d.msg.Context().Err(); err != nil {
 					return res, sentAt, fmt.Errorf("waiting for key %q: %w", d.key, err)
@@ -301,6 +308,9 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 		if m.mismatch(d, res) {
 			break
 		}
+		if w.stale && res.Status == backends.InProgress {
+			w.rewatch()
+		}
 	}
 	return res, sentAt, nil
 }
@@ -317,6 +327,7 @@ type waiter struct {
 	changed <-chan struct{}
 	end     func()
 	fresh   bool // the watch began since the store was last asked
+	stale   bool // the watch fired and was not renewed
 }
 
 // rewatch starts a new watch, waiting at most StoreTimeout for it to be
@@ -325,7 +336,7 @@ type waiter struct {
 func (w *waiter) rewatch() {
 	old := w.end
 	defer old()
-	w.changed, w.end, w.fresh = nil, func() {}, false
+	w.changed, w.end, w.fresh, w.stale = nil, func() {}, false, false
 	watcher, ok := w.m.cfg.Store.(backends.Watcher)
 	if !ok {
 		return

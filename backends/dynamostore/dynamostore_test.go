@@ -16,6 +16,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/dynamostore"
 	"github.com/watermill-idempotency/idempotency/backends/storetest"
+	"github.com/watermill-idempotency/idempotency/internal/fleet"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 )
 
@@ -172,18 +173,11 @@ func TestNewValidates(t *testing.T) {
 	require.Negative(t, s.Options().ClockSkew, "negative: none, and kept so, so that the options make the same store again")
 }
 
-func ctx(t testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return c
-}
-
-func acquire(t testing.TB, s backends.Store, key, owner string, ttl time.Duration) backends.AcquireResult {
-	t.Helper()
-	res, err := s.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: ttl, Retention: time.Hour})
-	require.NoError(t, err)
-	return res
-}
+// The tests' context and acquisition.
+var (
+	ctx     = fleet.Ctx
+	acquire = fleet.Acquire
+)
 
 // Two processes whose clocks are 900 ms apart share a table with the
 // default skew margin of 1 s: the one whose clock runs ahead never takes

@@ -15,6 +15,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
 	"github.com/watermill-idempotency/idempotency/backends/storetest"
+	"github.com/watermill-idempotency/idempotency/internal/fleet"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 )
 
@@ -87,18 +88,11 @@ func TestConformanceWithoutReturning(t *testing.T) {
 	})
 }
 
-func ctx(t testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return c
-}
-
-func acquire(t testing.TB, s backends.Store, key, owner string, ttl time.Duration) backends.AcquireResult {
-	t.Helper()
-	res, err := s.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: ttl, Retention: time.Hour})
-	require.NoError(t, err)
-	return res
-}
+// The tests' context and acquisition.
+var (
+	ctx     = fleet.Ctx
+	acquire = fleet.Acquire
+)
 
 // Keys are bytes: under a case-insensitive collation `order-A`,
 // `ORDER-a` and `order-a ` (a trailing space) would be one key.

@@ -52,6 +52,16 @@ func mustWatch(t *testing.T, s *pgstore.Store, key string) <-chan struct{} {
 	return changed
 }
 
+// heldAndWatched returns a store on the test database, the lease of
+// "holder" on key "k", and a watch on the key.
+func heldAndWatched(t *testing.T) (*pgxpool.Pool, *pgstore.Store, backends.Lease, <-chan struct{}) {
+	t.Helper()
+	pool := testserver.PostgresPool(t)
+	s := newStore(t, pool, pgstore.Options{})
+	lease := acquire(t, s, "k", "holder").Lease
+	return pool, s, lease, mustWatch(t, s, "k")
+}
+
 func table(s *pgstore.Store) string {
 	return pgx.Identifier{s.Options().Schema, s.Options().Table}.Sanitize()
 }
@@ -67,12 +77,8 @@ func waited(t *testing.T, pool *pgxpool.Pool, s *pgstore.Store, key string) bool
 // transaction commits, and not if it rolls back; the mark survives the
 // rollback, so the release that follows wakes it.
 func TestWatchWokenByCompleteTxCommitOnly(t *testing.T) {
-	pool := testserver.PostgresPool(t)
-	s := newStore(t, pool, pgstore.Options{})
+	pool, s, lease, changed := heldAndWatched(t)
 	ctx := context.Background()
-
-	lease := acquire(t, s, "k", "holder").Lease
-	changed := mustWatch(t, s, "k")
 	requireNotWoken(t, changed, "nothing changed yet")
 	require.True(t, waited(t, pool, s, "k"), "the watch marked the row")
 
@@ -116,11 +122,8 @@ func listenerPID(t *testing.T, pool *pgxpool.Pool, s *pgstore.Store) int {
 // once until the listener listens again on a new connection, and a watch
 // from then on is woken by a completion again.
 func TestWatchListenerTerminated(t *testing.T) {
-	pool := testserver.PostgresPool(t)
-	s := newStore(t, pool, pgstore.Options{})
+	pool, s, lease, changed := heldAndWatched(t)
 	ctx := context.Background()
-	lease := acquire(t, s, "k", "holder").Lease
-	changed := mustWatch(t, s, "k")
 	pid := listenerPID(t, pool, s)
 
 	_, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
@@ -201,11 +204,8 @@ func TestNotifyOnlyForWatchedKeys(t *testing.T) {
 // before the completion locked the row, is still notified: the statement
 // reads the mark from the row as it locked it, not from its snapshot.
 func TestNotifyReadsMarkCommittedWhileCompletionWaited(t *testing.T) {
-	pool := testserver.PostgresPool(t)
-	s := newStore(t, pool, pgstore.Options{})
+	pool, s, lease, changed := heldAndWatched(t)
 	ctx := context.Background()
-	lease := acquire(t, s, "k", "holder").Lease
-	changed := mustWatch(t, s, "k")
 	// Take the mark away, then put it back in a transaction that holds
 	// the row's lock while the completion starts and waits for it.
 	_, err := pool.Exec(ctx, `UPDATE `+table(s)+` SET waited = false WHERE key = $1`, []byte("k"))
@@ -427,10 +427,7 @@ func TestMigrateAddsWaitedColumn(t *testing.T) {
 // many pings the same connection still delivers notifications.
 func TestWatchListenerPingsSilentConnection(t *testing.T) {
 	t.Cleanup(pgstore.SetListenIdle(20 * time.Millisecond))
-	pool := testserver.PostgresPool(t)
-	s := newStore(t, pool, pgstore.Options{})
-	lease := acquire(t, s, "k", "holder").Lease
-	changed := mustWatch(t, s, "k")
+	pool, s, lease, changed := heldAndWatched(t)
 	pid := listenerPID(t, pool, s)
 	requireNotWoken(t, changed, "pings wake no watch")
 	require.Eventually(t, func() bool {
