@@ -3,15 +3,18 @@ package pgstore_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/backends/storetest"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
@@ -56,4 +59,50 @@ func TestConformanceUnlogged(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Fixture {
 		return storetest.Fixture{Store: newStore(t, pool, pgstore.Options{Unlogged: true})}
 	})
+}
+
+// A duplicate's Acquire only reads: of a completed key, or of a live
+// lease held by another owner, it leaves the row as it was (the same row
+// version, xmin) and its transaction writes nothing, so it waits for no
+// WAL flush and leaves no dead row. 32 duplicates at once, 20 times each.
+func TestDuplicateAcquireWritesNothing(t *testing.T) {
+	pool := testserver.PostgresPool(t)
+	s := newStore(t, pool, pgstore.Options{})
+	ctx := context.Background()
+	done := acquire(t, s, "done", "holder").Lease
+	require.NoError(t, s.Complete(ctx, done, []byte("out")))
+	acquire(t, s, "held", "holder")
+	version := func(key string) (xmin string) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT xmin::text FROM `+table(s)+` WHERE key = $1`, []byte(key)).Scan(&xmin))
+		return xmin
+	}
+	before := map[string]string{"done": version("done"), "held": version("held")}
+
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Go(func() {
+			for i := range 20 {
+				owner := fmt.Sprintf("dup-%d-%d", g, i)
+				res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "done", Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour})
+				assert.NoError(t, err)
+				assert.Equal(t, backends.Completed, res.Status)
+				assert.Equal(t, []byte("out"), res.Output)
+				res, err = s.Acquire(ctx, backends.AcquireRequest{Key: "held", Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour})
+				assert.NoError(t, err)
+				assert.Equal(t, backends.InProgress, res.Status)
+				assert.Positive(t, res.Remaining)
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, before["done"], version("done"), "a duplicate of a completed key wrote its row")
+	require.Equal(t, before["held"], version("held"), "a duplicate of a held key wrote its row")
+
+	// What a duplicate cannot only read still writes: a fingerprint for a
+	// record without one is adopted.
+	res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "held", Owner: "dup", LeaseTTL: time.Minute, Retention: time.Hour, Fingerprint: []byte("fp")})
+	require.NoError(t, err)
+	require.Equal(t, backends.InProgress, res.Status)
+	require.Equal(t, []byte("fp"), res.Fingerprint)
+	require.NotEqual(t, before["held"], version("held"), "the fingerprint was adopted")
 }

@@ -129,7 +129,7 @@ func pgbench(url string, store *pgstore.Store, clients int, duration time.Durati
 		"$1": "convert_to('k' || :k, 'UTF8')", "$2": "'o' || :k", "$3": ":token", "$4": "NULL::bytea",
 	})
 	script := "\\set k random(1, 9000000000000000)\n" +
-		"WITH a AS (" + oneLine(acquire) + ") SELECT token FROM a\n\\gset\n" +
+		oneLine(acquire) + "\n\\gset\n" +
 		oneLine(complete) + ";\n"
 	dir, err := os.MkdirTemp("", "pgbench")
 	if err != nil {
