@@ -99,7 +99,7 @@ type row struct {
 	hold        time.Duration
 	p50, p99    time.Duration // from the completion
 	total50     time.Duration // from the start of Complete
-	calls       float64 // mean
+	calls       float64       // mean
 	maxCalls    int64
 }
 
