@@ -20,6 +20,7 @@ import (
 
 var _, _ = postgresSetup, completeTx
 
+// ctx is the context the router runs with.
 func postgresSetup(ctx context.Context, router *message.Router) error {
 	// snippet:postgres
 	// The store's own pool: lease keeping never waits behind business queries.
@@ -39,6 +40,9 @@ func postgresSetup(ctx context.Context, router *message.Router) error {
 		return err
 	}
 	router.AddMiddleware(idem.Middleware)
+	// When the router's context ends, end the store's listening connection
+	// (it wakes waiting duplicates).
+	context.AfterFunc(ctx, func() { _ = store.Close() })
 	// end snippet
 	return nil
 }

@@ -1,6 +1,8 @@
 package docs
 
 import (
+	"context"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
@@ -17,7 +19,8 @@ import (
 
 var _ = redisSetup
 
-func redisSetup(router *message.Router) error {
+// ctx is the context the router runs with.
+func redisSetup(ctx context.Context, router *message.Router) error {
 	// snippet:redis
 	// The store's own client and pool: lease keeping never waits behind
 	// other Redis traffic.
@@ -34,6 +37,9 @@ func redisSetup(router *message.Router) error {
 		return err
 	}
 	router.AddMiddleware(idem.Middleware)
+	// When the router's context ends, end the store's subscriptions (they
+	// wake waiting duplicates).
+	context.AfterFunc(ctx, func() { _ = store.Close() })
 	// end snippet
 	return nil
 }

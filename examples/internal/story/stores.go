@@ -42,6 +42,7 @@ var Stores = []Store{
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
+		t.Cleanup(func() { _ = s.Close() })
 		return s
 	}},
 }
