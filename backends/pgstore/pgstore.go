@@ -81,7 +81,7 @@ type Store struct {
 }
 
 type statements struct {
-	schema, acquire, renew, complete, release, inspect, list, count, delete, cleanup, watch string
+	schema, current, acquire, renew, complete, release, inspect, list, count, delete, cleanup, watch string
 }
 
 var (
@@ -142,6 +142,11 @@ func New(db DB, opts Options) (*Store, error) {
 	notified := `CASE WHEN waited THEN ` + notifySQL(channel, true) + ` END AS notified`
 	s := &Store{db: db, opts: opts, poolSize: poolSize(db), channel: channel, sql: statements{
 		schema:  render(schemaSQL),
+		// Whether the table, its last added column and its index exist:
+		// then Migrate has nothing to do and takes no lock.
+		current: `SELECT to_regclass(` + quoteLiteral(pgx.Identifier{opts.Schema, opts.Table + indexSuffix}.Sanitize()) + `) IS NOT NULL
+			AND EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(` + quoteLiteral(table) + `)
+				AND attname = 'waited' AND NOT attisdropped)`,
 		acquire: render(acquireSQL),
 		renew: `UPDATE ` + table + ` SET lease_expires_at = now() + $4::bigint * interval '1 microsecond',
 			forget_at = now() + ($4::bigint + retention_us) * interval '1 microsecond' WHERE ` + held,
@@ -221,8 +226,20 @@ const migrationLockID = 0x1de_0_7e47
 // Migrate creates the schema, the table and its index if they do not
 // exist, and adds the waited column (see [Store.Watch]) to a table created
 // before it. It is idempotent and safe to call from several instances at
-// once.
+// once. On a current schema it only reads the catalog, and takes no lock
+// that would wait for, or hold up, the calls of running instances.
 func (s *Store) Migrate(ctx context.Context) error {
+	// A current schema is left alone: ALTER TABLE and CREATE INDEX lock
+	// the table even when IF NOT EXISTS makes them do nothing, and a
+	// deploy that migrates at start-up must not queue behind, and block,
+	// the traffic of the instances already running.
+	var current bool
+	if err := s.db.QueryRow(ctx, s.sql.current).Scan(&current); err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	if current {
+		return nil
+	}
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
@@ -463,3 +480,6 @@ func (s *Store) Cleanup(ctx context.Context, batch int) (int64, error) {
 func (s *Store) RunCleaner(ctx context.Context, interval time.Duration, batch int, onError func(error)) error {
 	return cleaner.Run(ctx, interval, batch, onError, s.Cleanup)
 }
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

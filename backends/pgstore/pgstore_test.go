@@ -106,3 +106,34 @@ func TestDuplicateAcquireWritesNothing(t *testing.T) {
 	require.Equal(t, []byte("fp"), res.Fingerprint)
 	require.NotEqual(t, before["held"], version("held"), "the fingerprint was adopted")
 }
+
+// Migrate at start-up on a current schema takes no lock on the table: it
+// returns while another transaction holds the lock a write takes (ROW
+// EXCLUSIVE), where ALTER TABLE or CREATE INDEX would queue behind it
+// (and every later call behind them). The 30 s bound is only there to
+// end the test if it waits.
+func TestMigrateOnCurrentSchemaTakesNoLock(t *testing.T) {
+	pool := testserver.PostgresPool(t)
+	s := newStore(t, pool, pgstore.Options{})
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `LOCK TABLE `+table(s)+` IN ROW EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	bounded, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	require.NoError(t, s.Migrate(bounded), "Migrate waited for the table's lock")
+
+	// A schema that is not current is still migrated, once the lock is
+	// gone.
+	require.NoError(t, tx.Rollback(ctx))
+	_, err = pool.Exec(ctx, `DROP INDEX `+pgx.Identifier{s.Options().Schema, s.Options().Table + "_fa"}.Sanitize())
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(ctx))
+	var exists bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`,
+		pgx.Identifier{s.Options().Schema, s.Options().Table + "_fa"}.Sanitize()).Scan(&exists))
+	require.True(t, exists, "the index is back")
+}
