@@ -141,7 +141,7 @@ func New(db DB, opts Options) (*Store, error) {
 	clearWaited := `waited = CASE WHEN waited THEN ` + notifySQL(channel, false) + ` ELSE false END`
 	notified := `CASE WHEN waited THEN ` + notifySQL(channel, true) + ` END AS notified`
 	s := &Store{db: db, opts: opts, poolSize: poolSize(db), channel: channel, sql: statements{
-		schema:  render(schemaSQL),
+		schema: render(schemaSQL),
 		// Whether the table, its last added column and its index exist:
 		// then Migrate has nothing to do and takes no lock.
 		current: `SELECT to_regclass(` + quoteLiteral(pgx.Identifier{opts.Schema, opts.Table + indexSuffix}.Sanitize()) + `) IS NOT NULL
