@@ -62,6 +62,18 @@ func heldAndWatched(t *testing.T) (*pgxpool.Pool, *pgstore.Store, backends.Lease
 	return pool, s, lease, mustWatch(t, s, "k")
 }
 
+// listen returns a connection of its own that listens on the store's
+// channel.
+func listen(t *testing.T, s *pgstore.Store) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), testserver.PostgresURL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	_, err = conn.Exec(context.Background(), `LISTEN `+pgx.Identifier{s.Channel()}.Sanitize())
+	require.NoError(t, err)
+	return conn
+}
+
 func table(s *pgstore.Store) string {
 	return pgx.Identifier{s.Options().Schema, s.Options().Table}.Sanitize()
 }
@@ -160,11 +172,7 @@ func TestNotifyOnlyForWatchedKeys(t *testing.T) {
 	pool := testserver.PostgresPool(t)
 	s := newStore(t, pool, pgstore.Options{})
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testserver.PostgresURL())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	_, err = conn.Exec(ctx, `LISTEN `+pgx.Identifier{s.Channel()}.Sanitize())
-	require.NoError(t, err)
+	conn := listen(t, s)
 	requireSilent := func(msg string) {
 		t.Helper()
 		wait, cancel := context.WithTimeout(ctx, quiet)
@@ -446,18 +454,14 @@ func TestCleanupWakesWatchOfRecordItDeletes(t *testing.T) {
 	pool := testserver.PostgresPool(t)
 	s := newStore(t, pool, pgstore.Options{})
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testserver.PostgresURL())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	_, err = conn.Exec(ctx, `LISTEN `+pgx.Identifier{s.Channel()}.Sanitize())
-	require.NoError(t, err)
+	conn := listen(t, s)
 
 	acquire(t, s, "watched", "a")
 	acquire(t, s, "unwatched", "a")
 	changed := mustWatch(t, s, "watched")
 	require.True(t, waited(t, pool, s, "watched"))
 	// Both leases run out, and then both retentions, without a change.
-	_, err = pool.Exec(ctx, `UPDATE `+table(s)+` SET lease_expires_at = now() - interval '2 s', forget_at = now() - interval '1 s'`)
+	_, err := pool.Exec(ctx, `UPDATE `+table(s)+` SET lease_expires_at = now() - interval '2 s', forget_at = now() - interval '1 s'`)
 	require.NoError(t, err)
 	requireNotWoken(t, changed, "an expiry sends nothing")
 	n, err := s.Cleanup(ctx, 10)
