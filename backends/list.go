@@ -11,8 +11,9 @@ const MaxListLimit = 1000
 
 // Lister is an optional capability of a [Store]: paging through the
 // records of a namespace and counting them by state. It is for operators
-// (the idem command), never on the middleware's path. memstore, redisstore
-// and pgstore implement it, and storetest checks it.
+// (the idem command), never on the middleware's path. Every store of this
+// module and its store modules implements it (memstore, redisstore,
+// pgstore, mysqlstore, dynamostore), and storetest checks it.
 //
 // Paging returns every record that exists throughout the paging exactly
 // once, in the order of their keys' bytes, while other records are added,

@@ -12,13 +12,17 @@ import "context"
 type Watcher interface {
 	// Watch starts watching key and returns once the watch is in place: a
 	// completion, release or deletion of key after Watch returns closes
-	// changed. changed may also be closed without one, and must be
-	// whenever the store may have missed one (a subscription lost, a
-	// connection closed): the caller then asks the store again and
-	// watches anew. ok is false when the store cannot watch now (no
-	// subscription, or ctx done first): the caller then polls as it would
-	// without a Watcher, and changed is nil. stop ends the watch and is
-	// never nil; call it once the wait is over.
+	// changed. If key holds no live lease in progress once the watch is in
+	// place (it has no record, or it was completed, released or deleted,
+	// or its lease ran out before), changed is closed by the time Watch
+	// returns: the caller need not ask the store again to cover the time
+	// before the watch was in place. changed may also be closed without a
+	// change, and must be whenever the store may have missed one (a
+	// subscription lost, a connection closed): the caller then asks the
+	// store again and watches anew. ok is false when the store cannot
+	// watch now (no subscription, or ctx done first): the caller then
+	// polls as it would without a Watcher, and changed is nil. stop ends
+	// the watch and is never nil; call it once the wait is over.
 	Watch(ctx context.Context, key string) (changed <-chan struct{}, stop func(), ok bool)
 }
 

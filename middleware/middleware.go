@@ -234,7 +234,11 @@ func (m *Idempotency) acquireOnce(ctx context.Context, t ticket, req backends.Ac
 // turns a result still in progress into a nack. A store that can wake
 // waiters (backends.Watcher) is watched instead: the store is asked again
 // when the watch fires, when the holder's lease runs out, and otherwise
-// only every watchedPollFactor × MaxPollInterval, as a safety net.
+// only every watchedPollFactor × MaxPollInterval, as a safety net. While
+// the store cannot watch (its subscription lost and not yet back), the
+// wait polls with backoff and tries to watch again after each poll that
+// finds the key still in progress, so that it is woken again once the
+// store can watch.
 func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (backends.AcquireResult, time.Time, error) {
 	budget := m.cfg.InProgressWait
 	if budget == 0 {
@@ -257,14 +261,13 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 		// Sleep for the backoff interval with ±20% jitter, or while
 		// watched for the safety interval, but wake when the holder's
 		// lease runs out or the store says the key changed, and never
-		// past the deadline. A new watch first asks the store once at
-		// once: the key may have changed before the watch was in place.
+		// past the deadline. A change before the watch was in place
+		// needs no look of its own: the store wakes a watch at once if
+		// the key is no longer held when it is placed
+		// (backends.Watcher).
 		pause := jitter(interval)
 		if w.watching() {
 			pause = jitter(watchedPollFactor * m.cfg.MaxPollInterval)
-			if w.fresh {
-				pause, w.fresh = 0, false
-			}
 		}
 		pause = min(pause, res.Remaining+time.Millisecond, left)
 		timer := time.NewTimer(pause)
@@ -278,10 +281,8 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 			wakes++
 			if wakes == 1 {
 				// Most likely the holder finished: ask the store at once,
-				// and watch again only if the key is still in progress
-				// (the new watch then asks once more, covering any change
-				// until it was in place).
-				w.changed, w.stale = nil, true
+				// and watch again only if the key is still in progress.
+				w.changed = nil
 				break
 			}
 			// Later wakes (a new holder, a lost subscription, a store
@@ -289,7 +290,6 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 			// ask covers any change until the new watch is in place, and
 			// ask no sooner than the poll backoff allows.
 			w.rewatch()
-			w.fresh = false
 			if wait := time.Until(lastAsk.Add(interval)); wait > 0 {
 				sleepCtx(d.msg.Context(), min(wait, time.Until(deadline)))
 				if err := d.msg.Context().Err(); err != nil {
@@ -308,7 +308,12 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 		if m.mismatch(d, res) {
 			break
 		}
-		if w.stale && res.Status == backends.InProgress {
+		// Not watching: after the first wake above, or because the store
+		// could not watch when last asked. Try again: the stores here
+		// report not ok at once, without a round trip, while they cannot
+		// watch, so trying costs nothing then, and the polling ends as
+		// soon as they can watch again.
+		if !w.watching() && res.Status == backends.InProgress {
 			w.rewatch()
 		}
 	}
@@ -326,8 +331,6 @@ type waiter struct {
 	d       *delivery
 	changed <-chan struct{}
 	end     func()
-	fresh   bool // the watch began since the store was last asked
-	stale   bool // the watch fired and was not renewed
 }
 
 // rewatch starts a new watch, waiting at most StoreTimeout for it to be
@@ -336,7 +339,7 @@ type waiter struct {
 func (w *waiter) rewatch() {
 	old := w.end
 	defer old()
-	w.changed, w.end, w.fresh, w.stale = nil, func() {}, false, false
+	w.changed, w.end = nil, func() {}
 	watcher, ok := w.m.cfg.Store.(backends.Watcher)
 	if !ok {
 		return
@@ -346,7 +349,7 @@ func (w *waiter) rewatch() {
 	changed, end, ok := watcher.Watch(ctx, w.d.key)
 	w.end = end
 	if ok {
-		w.changed, w.fresh = changed, true
+		w.changed = changed
 	}
 }
 

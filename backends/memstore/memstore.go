@@ -342,10 +342,16 @@ var _ backends.Watcher = (*Store)(nil)
 
 // Watch implements [backends.Watcher]: Complete, Release and Delete wake
 // the key's watches at once. It is always ok: a watch is in place as soon
-// as it is registered.
+// as it is registered, and it is woken at once if key holds no live lease
+// in progress then.
 func (s *Store) Watch(_ context.Context, key string) (<-chan struct{}, func(), bool) {
 	w := &watch{changed: make(chan struct{})}
 	s.mu.Lock()
+	if r := s.records[key]; r == nil || r.export(key, s.now()).State != backends.StateInProgress {
+		s.mu.Unlock()
+		close(w.changed)
+		return w.changed, func() {}, true
+	}
 	if s.watches[key] == nil {
 		s.watches[key] = map[*watch]struct{}{}
 	}

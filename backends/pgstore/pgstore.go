@@ -16,6 +16,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/internal/cleaner"
+	"github.com/watermill-idempotency/idempotency/internal/sqlschema"
 )
 
 var (
@@ -206,15 +207,7 @@ func (s *Store) Statements() (acquire, complete string) { return s.sql.acquire, 
 // index, each created if it does not exist, and the waited column added
 // to a table created without it. Give it to an external migration tool
 // instead of calling Migrate.
-func (s *Store) Schema() string {
-	var b strings.Builder
-	for line := range strings.Lines(s.sql.schema) {
-		if t := strings.TrimSpace(line); t != "-- end snippet" && !strings.HasPrefix(t, "-- snippet:") {
-			b.WriteString(line)
-		}
-	}
-	return b.String()
-}
+func (s *Store) Schema() string { return sqlschema.WithoutSnippetMarks(s.sql.schema) }
 
 // Options returns the store's options with defaults applied.
 func (s *Store) Options() Options { return s.opts }

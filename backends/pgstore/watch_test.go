@@ -6,9 +6,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -16,6 +18,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 // wakeWait bounds a wait for a wake that must come: far above any round
@@ -117,14 +120,15 @@ func TestWatchWokenByCompleteTxCommitOnly(t *testing.T) {
 	requireWoken(t, changed, "the commit wakes it")
 }
 
-// listenerPID is the backend of the store's listener, once it listens.
-func listenerPID(t *testing.T, pool *pgxpool.Pool, s *pgstore.Store) int {
+// listenerPID is the backend of the store's listener, once it listens on
+// a backend other than those in old.
+func listenerPID(t *testing.T, pool *pgxpool.Pool, s *pgstore.Store, old ...int) int {
 	t.Helper()
 	var pid int
 	require.Eventually(t, func() bool {
 		listen := `LISTEN ` + pgx.Identifier{s.Channel()}.Sanitize()
-		return pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity WHERE query IN ($1, $2)`,
-			listen, "-- "+listen).Scan(&pid) == nil
+		return pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity WHERE query IN ($1, $2) AND pid <> ALL($3::int[])`,
+			listen, "-- "+listen, append([]int{}, old...)).Scan(&pid) == nil
 	}, wakeWait, 10*time.Millisecond, "the listener's backend")
 	return pid
 }
@@ -479,4 +483,91 @@ func TestCleanupWakesWatchOfRecordItDeletes(t *testing.T) {
 	defer cancel()
 	_, err = conn.WaitForNotification(wait)
 	require.Error(t, err, "one notification, for the watched record only")
+}
+
+// watchCounter counts the store's watches placed and refused.
+type watchCounter struct {
+	*pgstore.Store
+	placed, refused atomic.Int64
+}
+
+func (w *watchCounter) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
+	changed, stop, ok := w.Store.Watch(ctx, key)
+	if ok {
+		w.placed.Add(1)
+	} else {
+		w.refused.Add(1)
+	}
+	return changed, stop, ok
+}
+
+// The listener's backend is terminated while a duplicate waits for its
+// holder through the middleware, and the holder completes: the duplicate
+// is acked as a duplicate after the completion and not before, without
+// running the handler, within a bound far above the middleware's slowest
+// look at the store. Completed at once, the completion's notification
+// reaches no watch (the listener lost them all), and the duplicate finds
+// it by asking the store. Completed once the listener is back, the
+// duplicate has watched again and is woken.
+func TestDuplicateAckedWhenListenerTerminatedMidWait(t *testing.T) {
+	const maxPoll = 100 * time.Millisecond
+	// The slowest look at the store is a watched wait's safety look,
+	// every 10 × MaxPollInterval with 20% jitter; a polled wait looks
+	// every MaxPollInterval at most.
+	const bound = 10 * (10 * maxPoll * 6 / 5)
+	for _, tc := range []struct {
+		name       string
+		relistened bool // complete once the listener listens again
+	}{{"completed at once", false}, {"completed once the listener is back", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := testserver.PostgresPool(t)
+			store := &watchCounter{Store: newStore(t, pool, pgstore.Options{})}
+			ctx := context.Background()
+			var counters idempotency.Counters
+			idem, err := idempotency.New(idempotency.Config{
+				Store: store, Namespace: "w", LeaseTTL: 10 * time.Minute, InProgressWait: 5 * time.Minute,
+				PollInterval: 20 * time.Millisecond, MaxPollInterval: maxPoll,
+				Observer: &counters,
+			})
+			require.NoError(t, err)
+			holder := acquire(t, store, "w:k", "holder").Lease
+			var runs atomic.Int64
+			done := make(chan error, 1)
+			go func() {
+				_, err := idem.Middleware(func(*message.Message) ([]*message.Message, error) {
+					runs.Add(1)
+					return nil, nil
+				})(message.NewMessage("k", nil))
+				done <- err
+			}()
+			require.Eventually(t, func() bool { return store.placed.Load() == 1 }, wakeWait, 5*time.Millisecond,
+				"the waiting duplicate never watched its key")
+			pid := listenerPID(t, pool, store.Store)
+			_, err = pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
+			require.NoError(t, err)
+			if tc.relistened {
+				listenerPID(t, pool, store.Store, pid)
+				require.Eventually(t, func() bool { return store.placed.Load() >= 2 }, wakeWait, 5*time.Millisecond,
+					"the duplicate watches again once the listener is back")
+			}
+
+			select {
+			case err := <-done:
+				t.Fatalf("the duplicate ended before the holder completed: %v", err)
+			default:
+			}
+			require.NoError(t, store.Complete(ctx, holder, nil))
+			completed := time.Now()
+			select {
+			case err := <-done:
+				require.NoError(t, err, "the duplicate is acked")
+			case <-time.After(bound):
+				t.Fatalf("the duplicate was not acked within %v of the completion", bound)
+			}
+			require.EqualValues(t, 1, counters.Count(idempotency.OutcomeDuplicate))
+			require.Zero(t, runs.Load(), "the duplicate ran the handler")
+			t.Logf("acked %v after the completion; %d watches placed, %d refused",
+				time.Since(completed).Round(time.Millisecond), store.placed.Load(), store.refused.Load())
+		})
+	}
 }

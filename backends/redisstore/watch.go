@@ -36,7 +36,9 @@ const (
 // The store subscribes to a key's channel while someone watches it, over
 // one connection per Redis node (per master of a Cluster), and fans the
 // messages out to the key's watches. Watch returns once the server has
-// confirmed the subscription.
+// confirmed the subscription and, with one Inspect, that key is still
+// held (the subscription itself rides a connection of its own, outside
+// the pool).
 //
 // Watch reports not ok, and its callers poll, on a client that is neither
 // a *redis.Client (Sentinel's failover client is one) nor a
@@ -50,8 +52,30 @@ func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(),
 	if sub == nil {
 		return nil, func() {}, false
 	}
-	return sub.watch(ctx, channel)
+	changed, stop, ok := sub.watch(ctx, channel)
+	if !ok {
+		return nil, func() {}, false
+	}
+	// The subscription is confirmed: a change from now on is published to
+	// it. One before is seen here, on the server's clock.
+	rec, err := s.Inspect(ctx, key)
+	switch {
+	case errors.Is(err, backends.ErrNotFound) || err == nil && rec.State != backends.StateInProgress:
+		stop()
+		return closedChan, func() {}, true
+	case err != nil:
+		stop()
+		return nil, func() {}, false
+	}
+	return changed, stop, true
 }
+
+// closedChan is the changed channel of a watch whose key is not held.
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
 
 // Close ends the subscriptions Watch opened and wakes the watches they
 // served. The store's other calls keep working; a later Watch reports not

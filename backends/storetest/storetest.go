@@ -103,9 +103,18 @@ func (s *suite) owner() string { return fmt.Sprintf("owner-%d", s.owners.Add(1))
 
 func (s *suite) wait(ticks float64) { s.sleep(time.Duration(ticks * float64(s.Tick))) }
 
-// waitPast waits ticks and the store's skew margin: long enough for a
-// lease or retention of ticks to have run out by every clock.
-func (s *suite) waitPast(ticks float64) { s.sleep(time.Duration(ticks*float64(s.Tick)) + s.Skew) }
+// pastResolution is how far waitPast steps beyond a deadline so that a
+// server clock of coarse resolution sees it passed too: Redis, for one,
+// keeps a key until its expiry, in whole milliseconds, is strictly in the
+// past, so a wait of exactly the retention can end 1ms too early by its
+// clock.
+const pastResolution = 5 * time.Millisecond
+
+// waitPast waits ticks, the store's skew margin and pastResolution: long
+// enough for a lease or retention of ticks to have run out by every clock.
+func (s *suite) waitPast(ticks float64) {
+	s.sleep(time.Duration(ticks*float64(s.Tick)) + s.Skew + pastResolution)
+}
 
 func (s *suite) sleep(d time.Duration) {
 	if s.Advance != nil {

@@ -28,6 +28,7 @@ var watchTests = []struct {
 		testWatchWoken(t, s, w, func(l backends.Lease) error { return s.Store.Delete(ctx(t), l.Key) })
 	}},
 	{"WatchStorm", testWatchStorm},
+	{"WatchOfKeyNotHeld", testWatchOfKeyNotHeld},
 }
 
 // wakeWait bounds the wait for a wake: far above any store's round trip,
@@ -127,5 +128,36 @@ func testWatchStorm(t *testing.T, s *suite, w backends.Watcher) {
 		}
 		close(stopChurn)
 		churned.Wait()
+	}
+}
+
+// testWatchOfKeyNotHeld checks that a watch of a key that holds no live
+// lease in progress when the watch is in place is woken by the time Watch
+// returns: the caller counts on it instead of asking the store once more.
+func testWatchOfKeyNotHeld(t *testing.T, s *suite, w backends.Watcher) {
+	completed := s.key("completed")
+	require.NoError(t, s.Store.Complete(ctx(t), s.mustAcquire(t, completed, s.owner(), long), nil))
+	released := s.key("released")
+	require.NoError(t, s.Store.Release(ctx(t), s.mustAcquire(t, released, s.owner(), long)))
+	deleted := s.key("deleted")
+	s.mustAcquire(t, deleted, s.owner(), long)
+	require.NoError(t, s.Store.Delete(ctx(t), deleted))
+	expired := s.key("expired")
+	s.mustAcquire(t, expired, s.owner(), s.ticks(1))
+	s.waitPast(2)
+	require.Equal(t, backends.StateExpired, s.inspect(t, expired).State)
+
+	for name, key := range map[string]string{
+		"never acquired": s.key("absent"), "completed": completed, "released": released,
+		"deleted": deleted, "expired": expired,
+	} {
+		changed, stop, ok := w.Watch(ctx(t), key)
+		require.True(t, ok, "%s: a healthy store can watch", name)
+		select {
+		case <-changed:
+		default:
+			t.Errorf("%s: the watch was not woken by the time Watch returned", name)
+		}
+		stop()
 	}
 }
