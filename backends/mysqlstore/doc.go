@@ -14,10 +14,15 @@
 // lease; on MariaDB 10.5 and later its RETURNING clause answers in the same
 // statement, on MySQL (no RETURNING) the upsert and a read of the row run
 // in one transaction. Renew, Complete and Release are UPDATEs that match
-// only the lease's owner, fencing token and live record. Statements that
-// deadlock (1213) or time out waiting for a lock (1205) are run again, a
-// few times; inside the caller's transaction (CompleteTx) they are not,
-// since the server rolled the whole transaction back.
+// only the lease's owner, fencing token and live record. The store's own
+// statements that deadlock (1213) or time out waiting for a lock (1205)
+// are run again, a few times. Inside the caller's transaction
+// ([Store.CompleteTx]) they are not: a deadlock rolled back the whole
+// transaction, while a lock wait timeout (with InnoDB's default
+// innodb_rollback_on_timeout=OFF) rolled back only the completion and
+// left the transaction open with the handler's writes. Either way the
+// caller rolls the transaction back and returns the error, and the
+// message is redelivered.
 //
 // # Time
 //

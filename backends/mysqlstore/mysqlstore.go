@@ -2,8 +2,10 @@ package mysqlstore
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/internal/cleaner"
+	"github.com/watermill-idempotency/idempotency/internal/sqlschema"
 )
 
 var (
@@ -97,12 +100,12 @@ type statement struct {
 }
 
 type statements struct {
-	schema, acquireNamed                 string
-	acquire                              statement
-	acquireReturning, acquireRead        string
-	renew, complete, release, stillHeld  string
-	inspect, list, count                 string
-	deleteLive, deleteAny, cleanup, lock string
+	schema, acquireNamed                string
+	acquire                             statement
+	acquireReturning, acquireRead       string
+	renew, complete, release, stillHeld string
+	inspect, list, count                string
+	deleteLive, deleteAny, cleanup      string
 }
 
 var (
@@ -161,7 +164,11 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 		quoted[i] = "`" + p + "`"
 	}
 	table := strings.Join(quoted, ".")
-	vars := map[string]string{"Table": table, "Index": "`" + parts[len(parts)-1] + "_fa`", "Now": now}
+	// An index is named within its table, so cutting the table's name to
+	// keep the index's within 64 characters cannot make two collide.
+	index := parts[len(parts)-1]
+	index = index[:min(len(index), 64-len("_fa"))] + "_fa"
+	vars := map[string]string{"Table": table, "Index": "`" + index + "`", "Now": now}
 	render := func(src string) string {
 		var b strings.Builder
 		template.Must(template.New("").Parse(src)).Execute(&b, vars) // fixed templates: cannot fail
@@ -189,7 +196,6 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 		deleteLive: "DELETE FROM " + table + " WHERE `key` = ? AND forget_us > " + now,
 		deleteAny:  "DELETE FROM " + table + " WHERE `key` = ?",
 		cleanup:    "DELETE FROM " + table + " WHERE forget_us <= " + now + " ORDER BY forget_us LIMIT ?",
-		lock:       "mysqlstore:migrate:" + opts.Table,
 	}}
 	return s, nil
 }
@@ -197,37 +203,87 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 // Options returns the store's options with defaults applied.
 func (s *Store) Options() Options { return s.opts }
 
-// Statements returns the SQL of Acquire, as MariaDB runs it, with named
-// parameters (:key, :owner, :ttl and :ret in microseconds, :fp; the store
-// binds them as ? in order), and of Complete (? for the output, the key,
-// the owner and the token), exactly as the store runs them: for review,
-// EXPLAIN, and running them raw (benchmarks/mysqlbench does). On MySQL
-// the upsert runs without RETURNING, followed by a read of the row.
+// Statements returns the SQL of Acquire, with named parameters (:key,
+// :owner, :ttl and :ret in microseconds, :fp; the store binds them as ? in
+// order), and of Complete (? for the output, the key, the owner and the
+// token), exactly as the store runs them: for review, EXPLAIN, and
+// running them raw (benchmarks/mysqlbench does).
+//
+// Acquire's SQL is always MariaDB's form, one statement ending in a
+// RETURNING clause, whatever the store's flavor: the flavor may not be
+// detected yet, and MySQL's form is not one statement. On MySQL 8 the
+// store runs the same upsert without its RETURNING clause and then, in the
+// same transaction, a SELECT of the RETURNING columns by key; a raw
+// benchmark there must do the same.
 func (s *Store) Statements() (acquire, complete string) {
 	return s.sql.acquireNamed, s.sql.complete
 }
 
 // Schema returns the SQL that Migrate runs, for an external migration
 // tool.
-func (s *Store) Schema() string { return s.sql.schema + ";\n" }
+func (s *Store) Schema() string {
+	return strings.TrimRight(sqlschema.WithoutSnippetMarks(s.sql.schema), "\n") + ";\n"
+}
 
 // Migrate creates the table if it does not exist. It is idempotent and
-// safe to call from several instances at once (they take a named lock).
+// safe to call from several instances at once: they take a named lock,
+// waiting for it at most a minute, or until ctx's deadline if that is
+// sooner.
 func (s *Store) Migrate(ctx context.Context) error {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("mysqlstore: migrate: %w", err)
 	}
 	defer conn.Close()
-	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 60)", s.sql.lock).Scan(&got); err != nil || got.Int64 != 1 {
-		return fmt.Errorf("mysqlstore: migrate: lock: %v %w", got, err)
+	// GET_LOCK names are server-wide: an unqualified table is named with
+	// the connection's database, so that its instances share one lock
+	// with those that name the table qualified, and not with another
+	// database's table of the same name.
+	qualified := s.opts.Table
+	if !strings.Contains(qualified, ".") {
+		var db sql.NullString
+		if err := conn.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&db); err != nil {
+			return opError("migrate", err)
+		}
+		qualified = db.String + "." + qualified
 	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", s.sql.lock) //nolint:errcheck
+	lock := migrateLock(qualified)
+	wait := migrateLockWait
+	if deadline, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(deadline))
+	}
+	seconds := max(int64(wait/time.Second), 0) // GET_LOCK's timeout is whole seconds; 0 tries once
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lock, seconds).Scan(&got); err != nil {
+		return opError("migrate: lock", err)
+	}
+	if !got.Valid || got.Int64 != 1 {
+		// 0: another session held the lock all along; NULL: the wait
+		// failed on the server (it was killed, say).
+		answer := "NULL"
+		if got.Valid {
+			answer = fmt.Sprint(got.Int64)
+		}
+		return fmt.Errorf("mysqlstore: migrate: lock %q for %s not taken within %ds: GET_LOCK returned %s", lock, qualified, seconds, answer)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", lock) //nolint:errcheck
 	if _, err := conn.ExecContext(ctx, s.sql.schema); err != nil {
 		return opError("migrate", err)
 	}
 	return nil
+}
+
+// migrateLockWait bounds how long Migrate waits for another instance's
+// migration of the same table.
+const migrateLockWait = time.Minute
+
+// migrateLock names Migrate's lock for a qualified table name. MySQL
+// rejects lock names longer than 64 characters (error 3057), and a
+// qualified name can have 129, so the name is a digest behind a prefix
+// that says whose lock it is.
+func migrateLock(qualified string) string {
+	sum := sha256.Sum256([]byte(qualified))
+	return "mysqlstore:migrate:" + hex.EncodeToString(sum[:20])
 }
 
 // Flavor returns the dialect the store uses, detecting it if it was not
@@ -288,8 +344,10 @@ func rejected(n uint16) bool {
 	return false
 }
 
-// retryable reports whether err is a deadlock or a lock wait timeout: the
-// server rolled the statement back, so running it again is safe.
+// retryable reports whether err is a deadlock or a lock wait timeout. The
+// server rolled back the statement (1205) or its transaction (1213); for
+// the store's own statements, and for Acquire's transaction, which is
+// rolled back and run whole, running them again is safe.
 func retryable(err error) bool {
 	var myErr *mysql.MySQLError
 	return errors.As(err, &myErr) && (myErr.Number == errDeadlock || myErr.Number == errLockWait)
@@ -444,7 +502,11 @@ func (s *Store) held(ctx context.Context, db Execer, op, query string, lease bac
 	if _, own := db.(*sql.DB); own {
 		err = retry(ctx, run) // a statement of its own: rolled back alone, run again
 	} else {
-		err = run() // the caller's transaction: a deadlock rolled it all back
+		// The caller's transaction: a deadlock rolled all of it back, so a
+		// rerun would complete the key alone, outside it; so would one
+		// after a lock wait timeout on a server with
+		// innodb_rollback_on_timeout=ON. The caller rolls back instead.
+		err = run()
 	}
 	if err != nil {
 		return opError(op, err)
@@ -488,8 +550,18 @@ func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byt
 // lease from the handler's context (LeaseFromContext in the middleware
 // package). The middleware notices that the handler completed the key and
 // does not complete it again; a duplicate gets output replayed, so pass
-// exactly what the handler returns. A deadlock here rolls back the whole
-// transaction: return the error, and the message is redelivered.
+// exactly what the handler returns.
+//
+// On any error, roll tx back and return the error; the message is
+// redelivered. CompleteTx does not run its statement again after a
+// deadlock (1213) or a lock wait timeout (1205), as the store's own
+// statements are, because the server rolled back different things: after
+// a deadlock, the whole transaction, the handler's writes with it (tx is
+// gone, and statements after it would run outside any transaction); after
+// a lock wait timeout, with InnoDB's default innodb_rollback_on_timeout=OFF,
+// only the completion, so tx is still open with the handler's writes, and
+// committing it would record the work while leaving the key to be
+// processed again.
 func (s *Store) CompleteTx(ctx context.Context, tx Execer, lease backends.Lease, output []*message.Message) error {
 	return s.held(ctx, tx, "complete", s.sql.complete, lease, nilOrBytes(backends.EncodeOutput(output)))
 }

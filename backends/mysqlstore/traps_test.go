@@ -1,0 +1,239 @@
+package mysqlstore_test
+
+import (
+	"database/sql"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
+)
+
+// clocks gives stores on one table whose server clocks stand still, each
+// at its own time: a session's timestamp variable fixes UTC_TIMESTAMP(6)
+// for it, so expiry is tested to the microsecond and without sleeping.
+type clocks struct {
+	t    *testing.T
+	opts mysqlstore.Options
+	t0   time.Time
+}
+
+func newClocks(t *testing.T, flavor mysqlstore.Flavor) clocks {
+	s := newStore(t, openDB(t, 2, nil), mysqlstore.Options{Flavor: flavor})
+	return clocks{t: t, opts: s.Options(), t0: time.UnixMicro(time.Now().UnixMicro())}
+}
+
+// at returns the time d after t0 and a store whose clock stands there.
+func (c clocks) at(d time.Duration) (time.Time, *mysqlstore.Store) {
+	at, db := c.open(d)
+	s, err := mysqlstore.New(db, c.opts)
+	require.NoError(c.t, err)
+	return at, s
+}
+
+// open returns the time d after t0 and a pool whose clock stands there.
+func (c clocks) open(d time.Duration) (time.Time, *sql.DB) {
+	at := c.t0.Add(d)
+	return at, openDB(c.t, 2, map[string]string{"timestamp": fmt.Sprintf("%d.%06d", at.Unix(), at.Nanosecond()/1000)})
+}
+
+func acquireFP(t *testing.T, s *mysqlstore.Store, key, owner, fp string) backends.AcquireResult {
+	t.Helper()
+	res, err := s.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour, Fingerprint: []byte(fp)})
+	require.NoError(t, err)
+	return res
+}
+
+func inspect(t *testing.T, s *mysqlstore.Store, key string) backends.Record {
+	t.Helper()
+	rec, err := s.Inspect(ctx(t), key)
+	require.NoError(t, err)
+	return rec
+}
+
+var flavors = []mysqlstore.Flavor{mysqlstore.FlavorMariaDB, mysqlstore.FlavorMySQL}
+
+// Trap: the assignments of ON DUPLICATE KEY UPDATE run left to right, and
+// each sees the new values of those before it. Acquire decides (`how`)
+// first, from the old row, and every later assignment reads only `how`
+// and its own column's old value. Were owner, state or the lease assigned
+// before the decision, it would see the caller's own values: a takeover
+// would pass for a re-entry, a completed record would be reopened, a
+// counter would move twice or not at all.
+func TestAcquireAssignmentsReadTheOldRow(t *testing.T) {
+	t.Parallel()
+	for _, flavor := range flavors {
+		t.Run(flavor.String(), func(t *testing.T) {
+			t.Parallel()
+			c := newClocks(t, flavor)
+			t0, early := c.at(0)
+			late, after := c.at(10 * time.Minute) // past a minute's lease, within an hour's retention
+			_, forgotten := c.at(3 * time.Hour)   // past the retention too
+
+			// A takeover of an expired lease by another owner.
+			first := acquireFP(t, early, "taken", "a", "fp-a")
+			require.Equal(t, backends.Lease{Key: "taken", Owner: "a", Token: 1, Attempt: 1}, first.Lease)
+			res := acquireFP(t, after, "taken", "b", "fp-b")
+			require.Equal(t, backends.Acquired, res.Status)
+			require.Equal(t, backends.Lease{Key: "taken", Owner: "b", Token: 2, Attempt: 2, Takeover: true}, res.Lease)
+			require.Equal(t, []byte("fp-a"), res.Fingerprint, "the first fingerprint stays")
+			rec := inspect(t, after, "taken")
+			require.Equal(t, backends.StateInProgress, rec.State)
+			require.Equal(t, "b", rec.Owner)
+			require.EqualValues(t, 2, rec.Token)
+			require.Equal(t, 2, rec.Attempt)
+			require.Equal(t, late.Add(time.Minute).UnixMicro(), rec.LeaseExpiresAt.UnixMicro())
+			require.Equal(t, late.Add(time.Minute+time.Hour).UnixMicro(), rec.ExpiresAt.UnixMicro())
+			require.Equal(t, []byte("fp-a"), rec.Fingerprint)
+			// The old owner, by a clock still within the new lease, is
+			// refused and changes nothing.
+			res = acquireFP(t, early, "taken", "a", "fp-a")
+			require.Equal(t, backends.InProgress, res.Status)
+			require.Equal(t, late.Add(time.Minute).Sub(t0), res.Remaining)
+			require.Equal(t, rec, inspect(t, after, "taken"))
+
+			// A completed record, asked for by its owner and by another
+			// after the lease would have expired: answered, not changed.
+			l := acquireFP(t, early, "done", "a", "fp-a").Lease
+			require.NoError(t, early.Complete(ctx(t), l, []byte("out")))
+			rec = inspect(t, after, "done")
+			require.Equal(t, backends.StateCompleted, rec.State)
+			for _, owner := range []string{"a", "b"} {
+				res := acquireFP(t, after, "done", owner, "fp-"+owner)
+				require.Equal(t, backends.Completed, res.Status, owner)
+				require.Equal(t, []byte("out"), res.Output, owner)
+				require.Equal(t, t0.UnixMicro(), res.CompletedAt.UnixMicro(), owner)
+				require.Equal(t, rec, inspect(t, after, "done"), owner)
+			}
+
+			// After a release: a new lease, neither a takeover nor a
+			// re-entry, with the counters moved once.
+			l = acquireFP(t, early, "released", "a", "fp-a").Lease
+			require.NoError(t, early.Release(ctx(t), l))
+			res = acquireFP(t, after, "released", "b", "fp-b")
+			require.Equal(t, backends.Lease{Key: "released", Owner: "b", Token: 2, Attempt: 2}, res.Lease)
+			require.Equal(t, "b", inspect(t, after, "released").Owner)
+
+			// Past its retention a record counts as absent: a fresh start,
+			// the fencing token still above the old one.
+			l = acquireFP(t, early, "forgotten", "a", "fp-a").Lease
+			require.NoError(t, early.Complete(ctx(t), l, []byte("out")))
+			res = acquireFP(t, forgotten, "forgotten", "b", "fp-b")
+			require.Equal(t, backends.Lease{Key: "forgotten", Owner: "b", Token: 2, Attempt: 1}, res.Lease)
+			require.Equal(t, []byte("fp-b"), res.Fingerprint)
+			rec = inspect(t, forgotten, "forgotten")
+			require.Equal(t, backends.StateInProgress, rec.State)
+			require.Nil(t, rec.Output)
+			require.True(t, rec.CompletedAt.IsZero())
+		})
+	}
+}
+
+// Trap: a server's affected-row count for INSERT ... ON DUPLICATE KEY
+// UPDATE is 1 for an insert and 2 for any update, so it cannot tell a
+// re-entry from a takeover. Acquire records its decision in the `how`
+// column and reads the row back, and reports the two apart.
+func TestAcquireTellsReentryFromTakeover(t *testing.T) {
+	t.Parallel()
+	t.Run("the count", func(t *testing.T) {
+		t.Parallel()
+		c := newClocks(t, mysqlstore.FlavorDetect)
+		s, err := mysqlstore.New(openDB(t, 1, nil), c.opts)
+		require.NoError(t, err)
+		_, early := c.open(0)
+		_, later := c.open(time.Second)
+		_, late := c.open(10 * time.Minute)
+		upsert := func(db *sql.DB, owner string) int64 {
+			res, err := rawUpsert(t, s, db).Exec(map[string]any{"key": []byte("k"), "owner": []byte(owner), "ttl": int64(60e6), "ret": int64(3600e6), "fp": nil})
+			require.NoError(t, err)
+			n, err := res.RowsAffected()
+			require.NoError(t, err)
+			return n
+		}
+		require.EqualValues(t, 1, upsert(early, "a"), "a new record")
+		require.EqualValues(t, 2, upsert(later, "a"), "a re-entry")
+		require.EqualValues(t, 2, upsert(late, "b"), "a takeover: the same count")
+	})
+	for _, flavor := range flavors {
+		t.Run(flavor.String(), func(t *testing.T) {
+			t.Parallel()
+			c := newClocks(t, flavor)
+			_, early := c.at(0)
+			later, again := c.at(time.Second)
+			late, after := c.at(10 * time.Minute)
+
+			require.Equal(t, backends.Lease{Key: "k", Owner: "a", Token: 1, Attempt: 1}, acquireFP(t, early, "k", "a", "").Lease)
+
+			res := acquireFP(t, again, "k", "a", "")
+			require.Equal(t, backends.Lease{Key: "k", Owner: "a", Token: 1, Attempt: 1, Reentrant: true}, res.Lease,
+				"a re-entry: the same token and attempt")
+			rec := inspect(t, again, "k")
+			require.Equal(t, "a", rec.Owner)
+			require.Equal(t, later.Add(time.Minute).UnixMicro(), rec.LeaseExpiresAt.UnixMicro(), "the lease runs from the re-entry")
+
+			res = acquireFP(t, after, "k", "b", "")
+			require.Equal(t, backends.Lease{Key: "k", Owner: "b", Token: 2, Attempt: 2, Takeover: true}, res.Lease,
+				"a takeover: the next token and attempt")
+			rec = inspect(t, after, "k")
+			require.Equal(t, "b", rec.Owner)
+			require.Equal(t, late.Add(time.Minute).UnixMicro(), rec.LeaseExpiresAt.UnixMicro())
+		})
+	}
+}
+
+// upsert is Acquire's statement without its RETURNING clause, run raw.
+type upsert struct {
+	db    *sql.DB
+	sql   string
+	names []string
+}
+
+// rawUpsert takes Acquire's statement from s.Statements, to run it on db.
+func rawUpsert(t *testing.T, s *mysqlstore.Store, db *sql.DB) upsert {
+	acquire, _ := s.Statements()
+	acquire, _, ok := strings.Cut(acquire, "\nRETURNING ")
+	require.True(t, ok, acquire)
+	u := upsert{db: db}
+	u.sql = regexp.MustCompile(`:[a-z]+`).ReplaceAllStringFunc(acquire, func(p string) string {
+		u.names = append(u.names, p[1:])
+		return "?"
+	})
+	return u
+}
+
+func (u upsert) Exec(vals map[string]any) (sql.Result, error) {
+	args := make([]any, len(u.names))
+	for i, n := range u.names {
+		args[i] = vals[n]
+	}
+	return u.db.Exec(u.sql, args...)
+}
+
+// Trap: a server reports the rows an UPDATE changed, not those it matched
+// (unless the DSN sets clientFoundRows). A renewal by a clock that has
+// not moved sets the lease to the values it already has: the server
+// reports no row, and the store must check with a read before it calls
+// the lease lost.
+func TestUnchangedUpdateStillHoldsTheLease(t *testing.T) {
+	t.Parallel()
+	c := newClocks(t, mysqlstore.FlavorDetect)
+	_, early := c.at(0)
+	_, late := c.at(10 * time.Minute)
+	l := acquireFP(t, early, "k", "a", "").Lease
+	before := inspect(t, early, "k")
+	for range 2 {
+		require.NoError(t, early.Renew(ctx(t), l, time.Minute), "matched but unchanged")
+	}
+	require.Equal(t, before, inspect(t, early, "k"))
+
+	stale := l
+	stale.Token++
+	require.ErrorIs(t, early.Renew(ctx(t), stale, time.Minute), backends.ErrLeaseLost, "the read does not hide a lease that is not held")
+	require.Equal(t, backends.Acquired, acquireFP(t, late, "k", "b", "").Status)
+	require.ErrorIs(t, early.Renew(ctx(t), l, time.Minute), backends.ErrLeaseLost, "nor one taken over")
+}
