@@ -67,8 +67,10 @@ func (w way) write(fp bool) (set, cond string) {
 const maxRounds = 8
 
 // Acquire implements [backends.Store]: one conditional write for a new
-// key or a duplicate, two for a takeover or an acquisition after a
-// release. See the package documentation.
+// key or a duplicate; two for a takeover, an acquisition after a release
+// or a re-entrant one, the first failing and showing the case. A server
+// that returns no item with a failed condition costs a read after each
+// failure. See the package documentation.
 func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
 	if err := req.Validate(); err != nil {
 		return backends.AcquireResult{}, err

@@ -15,12 +15,12 @@
 // update expressions cannot choose between values, so Acquire has one
 // write per case (a new or forgotten record, a released one, another
 // owner's expired lease, the caller's own lease) and tries the likeliest
-// first: a new key or a duplicate costs one write, a takeover or an
-// acquisition after a release two. When a condition fails, DynamoDB
-// returns the item it was checked against (ReturnValuesOnConditionCheckFailure);
-// from a server that does not, the store reads the item with a strongly
-// consistent read. The fencing token is incremented in the same write that
-// takes the lease.
+// first: a new key or a duplicate costs one write; a takeover, an
+// acquisition after a release or a re-entrant one two. When a condition
+// fails, DynamoDB returns the item it was checked against
+// (ReturnValuesOnConditionCheckFailure); from a server that does not, the
+// store reads the item with a strongly consistent read. The fencing token
+// is incremented in the same write that takes the lease.
 //
 // # Time
 //
