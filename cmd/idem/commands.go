@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/dynamostore"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -368,7 +369,7 @@ var keyCmd = &command{
 		if o.namespace == "" {
 			return usageError{errors.New("--inspect needs --namespace: stored keys are namespace:key")}
 		}
-		s, _, closeFn, err := openStore(ctx, e.g, true)
+		s, closeFn, err := openStore(ctx, e.g, true)
 		if err != nil {
 			return err
 		}
@@ -409,54 +410,99 @@ func (o *keyOpts) extractor() (keyfunc.Extractor, error) {
 	return ex, nil
 }
 
-type pgOpts struct{ batch int }
+type sqlOpts struct{ batch int }
 
-var pgCmd = &command{
-	name: "pg", args: "migrate | schema | cleanup",
-	help: "Postgres store: create its table (migrate), print the SQL for a migration tool (schema), delete forgotten records (cleanup)",
+// sqlCmd is `idem pg` or `idem mysql`: the commands of the store on a
+// SQL database.
+func sqlCmd(name, store, product string, table func(*globals) string) *command {
+	return &command{
+		name: name, args: "migrate | schema | cleanup", storeName: store,
+		help: product + " store: create its table (migrate), print the SQL for a migration tool (schema), delete forgotten records (cleanup)",
+		flags: func(fs *flag.FlagSet) any {
+			o := &sqlOpts{}
+			fs.IntVar(&o.batch, "batch", 1000, "cleanup: records deleted per statement")
+			return o
+		},
+		run: func(ctx context.Context, e *env, opts any, args []string) error {
+			if err := exactArgs(args, 1, "migrate, schema or cleanup"); err != nil {
+				return err
+			}
+			sub := args[0]
+			if sub != "migrate" && sub != "schema" && sub != "cleanup" {
+				return usageError{fmt.Errorf("unknown %s command %q: migrate, schema or cleanup", name, sub)}
+			}
+			if sub == "schema" {
+				return printSchema(e)
+			}
+			batch := opts.(*sqlOpts).batch
+			if batch <= 0 {
+				return usageError{fmt.Errorf("--batch must be positive, got %d", batch)}
+			}
+			s, closeFn, err := openStore(ctx, e.g, sub == "cleanup")
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			db := s.(sqlStore)
+			switch sub {
+			case "migrate":
+				if err := db.Migrate(ctx); err != nil {
+					return err
+				}
+				fmt.Fprintf(e.stdout, "table %s is ready\n", table(e.g))
+				return nil
+			default:
+				var total int64
+				for {
+					n, err := db.Cleanup(ctx, batch)
+					if err != nil {
+						return err
+					}
+					total += n
+					if n < int64(batch) {
+						break
+					}
+				}
+				fmt.Fprintf(e.stdout, "deleted %d forgotten records\n", total)
+				return nil
+			}
+		},
+	}
+}
+
+var (
+	pgCmd    = sqlCmd("pg", "postgres", "Postgres", func(g *globals) string { return g.pgSchema + "." + g.pgTable })
+	mysqlCmd = sqlCmd("mysql", "mysql", "MySQL or MariaDB", func(g *globals) string { return g.mysqlTable })
+)
+
+type dynamoOpts struct{ noTTL bool }
+
+var dynamoCmd = &command{
+	name: "dynamodb", args: "create-table [--no-ttl]", storeName: "dynamodb",
+	help: "DynamoDB store: create its table, on-demand, with Time to Live on its ttl attribute (create-table)",
+	// DynamoDB takes seconds to tens of seconds to make a new table active.
+	timeout: 2 * time.Minute,
 	flags: func(fs *flag.FlagSet) any {
-		o := &pgOpts{}
-		fs.IntVar(&o.batch, "batch", 1000, "cleanup: records deleted per statement")
+		o := &dynamoOpts{}
+		fs.BoolVar(&o.noTTL, "no-ttl", false, "leave Time to Live off: for emulators without UpdateTimeToLive (dynalite); forgotten records then stay, ignored")
 		return o
 	},
 	run: func(ctx context.Context, e *env, opts any, args []string) error {
-		if err := exactArgs(args, 1, "migrate, schema or cleanup"); err != nil {
+		if err := exactArgs(args, 1, "create-table"); err != nil {
 			return err
 		}
-		e.g.store = "postgres"
-		sub := args[0]
-		if sub != "migrate" && sub != "schema" && sub != "cleanup" {
-			return usageError{fmt.Errorf("unknown pg command %q: migrate, schema or cleanup", sub)}
+		if args[0] != "create-table" {
+			return usageError{fmt.Errorf("unknown dynamodb command %q: create-table", args[0])}
 		}
-		if sub == "schema" {
-			return printSchema(e)
-		}
-		_, pg, closeFn, err := openStore(ctx, e.g, sub == "cleanup")
+		s, closeFn, err := openStore(ctx, e.g, false)
 		if err != nil {
 			return err
 		}
 		defer closeFn()
-		switch sub {
-		case "migrate":
-			if err := pg.Migrate(ctx); err != nil {
-				return err
-			}
-			fmt.Fprintf(e.stdout, "table %s.%s is ready\n", e.g.pgSchema, e.g.pgTable)
-			return nil
-		default:
-			var total int64
-			for {
-				n, err := pg.Cleanup(ctx, opts.(*pgOpts).batch)
-				if err != nil {
-					return err
-				}
-				total += n
-				if n < int64(opts.(*pgOpts).batch) {
-					break
-				}
-			}
-			fmt.Fprintf(e.stdout, "deleted %d forgotten records\n", total)
-			return nil
+		if err := s.(*dynamostore.Store).CreateTable(ctx, dynamostore.TableOptions{NoTTL: opts.(*dynamoOpts).noTTL}); err != nil {
+			return err
 		}
+		fmt.Fprintf(e.stdout, "table %s is ready\n", e.g.dynamoTable)
+		return nil
 	},
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -18,6 +20,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -62,7 +65,7 @@ func middlewareFor(ctx context.Context, ns string, counters *idempotency.Counter
 	if err := g.validate(); err != nil {
 		return nil, nil, err
 	}
-	store, _, closeFn, err := openStore(ctx, g, true)
+	store, closeFn, err := openStore(ctx, g, true)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -96,6 +99,8 @@ func runHolder() int {
 type target struct {
 	name string
 	env  []string
+	// setup creates the store's table, if it has one.
+	setup []string
 }
 
 func targets(t *testing.T) []target {
@@ -105,10 +110,48 @@ func targets(t *testing.T) []target {
 	pool := testserver.PostgresPool(t)
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
 	cluster := testserver.StartRedisCluster(t, 3)
+	table, _ := mysqlTable(t)
 	return []target{
-		{"redis", []string{"IDEM_STORE=redis", "IDEM_REDIS_URL=redis://" + testserver.Env("REDIS_ADDR", "127.0.0.1:6379") + "/0", "IDEM_REDIS_PREFIX=" + prefix}},
-		{"redis-cluster", []string{"IDEM_STORE=redis", "IDEM_REDIS_CLUSTER=" + strings.Join(cluster, ","), "IDEM_REDIS_PREFIX=" + prefix}},
-		{"postgres", []string{"IDEM_STORE=postgres", "IDEM_PG_URL=" + pgURL, "IDEM_PG_SCHEMA=" + schema}},
+		{"redis", []string{"IDEM_STORE=redis", "IDEM_REDIS_URL=redis://" + testserver.Env("REDIS_ADDR", "127.0.0.1:6379") + "/0", "IDEM_REDIS_PREFIX=" + prefix}, nil},
+		{"redis-cluster", []string{"IDEM_STORE=redis", "IDEM_REDIS_CLUSTER=" + strings.Join(cluster, ","), "IDEM_REDIS_PREFIX=" + prefix}, nil},
+		{"postgres", []string{"IDEM_STORE=postgres", "IDEM_PG_URL=" + pgURL, "IDEM_PG_SCHEMA=" + schema}, []string{"pg", "migrate"}},
+		{"mysql", []string{"IDEM_STORE=mysql", "IDEM_MYSQL_DSN=" + mysqlDSN(), "IDEM_MYSQL_TABLE=" + table}, []string{"mysql", "migrate"}},
+		// dynalite has no Time to Live.
+		{"dynamodb", dynamoEnv(t), []string{"dynamodb", "create-table", "--no-ttl"}},
+	}
+}
+
+// mysqlDSN is the test database: MYSQL_DSN, or the local MariaDB's test
+// database.
+func mysqlDSN() string { return testserver.Env("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test") }
+
+// mysqlTable returns a table name of the test's own in the test database,
+// dropped when the test ends, and a connection to that database. It fails
+// the test if the database does not answer.
+func mysqlTable(t *testing.T) (string, *sql.DB) {
+	t.Helper()
+	db, err := sql.Open("mysql", mysqlDSN())
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, db.PingContext(ctx), "MariaDB or MySQL at MYSQL_DSN (%s)", redactDSN(mysqlDSN()))
+	table := strings.NewReplacer("-", "_", ":", "").Replace(testserver.Unique("idem_e2e_"))
+	t.Cleanup(func() {
+		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+table+"`")
+		db.Close()
+	})
+	return table, db
+}
+
+// dynamoEnv starts dynalite and returns the environment that points idem
+// at a table of the test's own on it, signed with the static credentials
+// emulators accept.
+func dynamoEnv(t *testing.T) []string {
+	t.Helper()
+	table := strings.ReplaceAll(testserver.Unique("idem-e2e-"), ":", "")
+	return []string{
+		"IDEM_STORE=dynamodb", "IDEM_DYNAMO_ENDPOINT=" + testserver.StartDynalite(t), "IDEM_DYNAMO_TABLE=" + table,
+		"AWS_REGION=us-east-1", "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test",
 	}
 }
 
@@ -185,8 +228,8 @@ func TestIdemAgainstStores(t *testing.T) {
 				k, v, _ := strings.Cut(kv, "=")
 				t.Setenv(k, v)
 			}
-			if tg.name == "postgres" {
-				require.Contains(t, ok(t, tg.env, "pg", "migrate"), "is ready")
+			if tg.setup != nil {
+				require.Contains(t, ok(t, tg.env, tg.setup...), "is ready")
 			}
 			testLifecycle(t, tg.env)
 			testListAndStats(t, tg.env)
@@ -320,16 +363,93 @@ func testListAndStats(t *testing.T, env []string) {
 	require.Contains(t, ok(t, env, "list", "--namespace", "page", "--limit", "2"), "more: --cursor")
 	require.Equal(t, exitError, idem(t, env, "", "list", "--namespace", "page", "--cursor", "not a cursor").code)
 
-	// stats agrees with the middleware's counters.
+	// stats agrees with the middleware's counters: four fresh keys
+	// processed (completed), one fresh key whose handler fails (its lease
+	// released), a duplicate that adds no record, and a holder blocked in
+	// its handler, so that one record is in progress when stats runs.
 	counters := &idempotency.Counters{}
-	for i := range 6 {
-		_, _ = deliver(t, "stats", fmt.Sprintf("s%d", i%4), &runs, counters, i == 5)
+	var statsRuns atomic.Int32
+	for i := range 4 {
+		_, err := deliver(t, "stats", fmt.Sprintf("s%d", i), &statsRuns, counters, false)
+		require.NoError(t, err)
 	}
-	var stats map[string]int64
-	require.NoError(t, json.Unmarshal([]byte(ok(t, env, "stats", "--namespace", "stats", "-o", "json")), &stats))
-	require.Equal(t, counters.Count(idempotency.OutcomeProcessed), stats["completed"], "%v %v", stats, counters.Snapshot())
-	require.EqualValues(t, 4, stats["total"])
-	require.EqualValues(t, 0, stats["in_progress"]+stats["released"]+stats["expired"])
+	_, err := deliver(t, "stats", "declined", &statsRuns, counters, true)
+	require.Error(t, err, "the handler failed")
+	_, err = deliver(t, "stats", "s0", &statsRuns, counters, false)
+	require.NoError(t, err)
+	finish, held := holdInHandler(t, "stats", "held", &statsRuns, counters)
+	require.Equal(t, map[string]int64{"processed": 4, "handler_failed": 1, "duplicate": 1}, counters.Snapshot())
+
+	// A record is in progress while its handler runs: the handlers
+	// started and not yet observed.
+	fromCounters := func() map[string]int64 {
+		completed := counters.Count(idempotency.OutcomeProcessed)
+		released := counters.Count(idempotency.OutcomeHandlerFailed)
+		inProgress := int64(statsRuns.Load()) - completed - released
+		return map[string]int64{
+			"completed": completed, "released": released, "in_progress": inProgress,
+			// No lease here runs out: leaseTTL outlasts the test.
+			"expired": 0,
+			"total":   completed + released + inProgress,
+		}
+	}
+	stats := func() map[string]int64 {
+		t.Helper()
+		var got map[string]int64
+		require.NoError(t, json.Unmarshal([]byte(ok(t, env, "stats", "--namespace", "stats", "-o", "json")), &got))
+		return got
+	}
+	want := fromCounters()
+	require.Equal(t, map[string]int64{"completed": 4, "released": 1, "in_progress": 1, "expired": 0, "total": 6}, want)
+	require.Equal(t, want, stats(), "counters %v", counters.Snapshot())
+
+	// Once the held handler returns, its record is completed.
+	close(finish)
+	require.NoError(t, <-held)
+	want = fromCounters()
+	require.Equal(t, map[string]int64{"completed": 5, "released": 1, "in_progress": 0, "expired": 0, "total": 6}, want)
+	require.Equal(t, want, stats(), "counters %v", counters.Snapshot())
+}
+
+// holdInHandler starts a delivery of uuid in namespace ns whose handler
+// runs once it holds the lease and then blocks until finish is closed; it
+// returns once the handler runs. held yields the delivery's error. The
+// delivery is let go and waited for at cleanup if the test has not done so.
+func holdInHandler(t *testing.T, ns, uuid string, runs *atomic.Int32, counters *idempotency.Counters) (finish chan struct{}, held <-chan error) {
+	t.Helper()
+	idemMW, closeFn, err := middlewareFor(context.Background(), ns, counters)
+	require.NoError(t, err)
+	finish = make(chan struct{})
+	started := make(chan struct{})
+	result := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err := idemMW.Middleware(func(*message.Message) ([]*message.Message, error) {
+			runs.Add(1)
+			close(started)
+			<-finish
+			return nil, nil
+		})(message.NewMessage(uuid, nil))
+		result <- err
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-finish:
+		default:
+			close(finish)
+		}
+		<-done
+		closeFn()
+	})
+	select {
+	case <-started:
+	case err := <-result:
+		t.Fatalf("the handler of %s did not run: %v", uuid, err)
+	case <-time.After(time.Minute):
+		t.Fatalf("the handler of %s did not start", uuid)
+	}
+	return finish, result
 }
 
 // The key command needs no store.
@@ -357,27 +477,55 @@ func TestKeyWithoutStore(t *testing.T) {
 	require.Equal(t, exitError, idem(t, env, "", "key").code, "no extractor")
 }
 
-// Bad URLs, unreachable stores and a wrong table get clear errors.
+// Bad URLs, unreachable stores and a wrong table get clear errors, and
+// never a password.
 func TestIdemErrors(t *testing.T) {
+	dsn, err := mysql.ParseDSN(mysqlDSN())
+	require.NoError(t, err)
+	wrongPassword := *dsn
+	wrongPassword.Passwd = "s3cret"
+	noDatabase := *dsn
+	noDatabase.DBName = ""
+	dynalite := dynamoEnv(t)
+	dynamo := func(extra ...string) []string { return append(slices.Clip(dynalite), extra...) }
+	noAWS := []string{"AWS_REGION=", "AWS_DEFAULT_REGION=", "AWS_PROFILE=", "AWS_CONFIG_FILE=" + filepath.Join(t.TempDir(), "none")}
 	for _, c := range []struct {
 		name string
 		env  []string
 		args []string
 		want string
+		// hide must not be printed.
+		hide string
 	}{
-		{"bad redis URL", []string{"IDEM_REDIS_URL=http://x"}, []string{"inspect", "k"}, "--redis-url"},
-		{"unreachable redis", []string{"IDEM_REDIS_URL=redis://127.0.0.1:1/0"}, []string{"inspect", "k"}, "Redis at 127.0.0.1:1 does not answer"},
-		{"bad postgres URL", []string{"IDEM_PG_URL=postgres://%zz"}, []string{"stats"}, "--pg-url"},
-		{"unreachable postgres", []string{"IDEM_PG_URL=postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, []string{"stats"}, "does not answer"},
-		{"wrong table", []string{"IDEM_PG_URL=" + testserver.PostgresURL(), "IDEM_PG_TABLE=no_such_table"}, []string{"stats"}, `has no table "public"."no_such_table"`},
-		{"unknown store", []string{"IDEM_STORE=mongo"}, []string{"stats"}, "--store must be redis or postgres"},
-		{"unknown command", nil, []string{"frobnicate"}, "unknown command"},
-		{"bad output", nil, []string{"stats", "-o", "yaml"}, "-o must be table or json"},
+		{"bad redis URL", []string{"IDEM_REDIS_URL=http://x"}, []string{"inspect", "k"}, "--redis-url", ""},
+		{"bad IDEM_TIMEOUT", []string{"IDEM_TIMEOUT=ten seconds"}, []string{"inspect", "k"}, "IDEM_TIMEOUT", ""},
+		{"bad IDEM_DYNAMO_CLOCK_SKEW", []string{"IDEM_STORE=dynamodb", "IDEM_DYNAMO_CLOCK_SKEW=1 second"}, []string{"inspect", "k"}, "IDEM_DYNAMO_CLOCK_SKEW", ""},
+		{"unreachable redis", []string{"IDEM_REDIS_URL=redis://127.0.0.1:1/0"}, []string{"inspect", "k"}, "Redis at 127.0.0.1:1 does not answer", ""},
+		{"bad postgres URL", []string{"IDEM_PG_URL=postgres://%zz"}, []string{"stats"}, "--pg-url", ""},
+		{"unreachable postgres", []string{"IDEM_PG_URL=postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, []string{"stats"}, "does not answer", ""},
+		{"wrong table", []string{"IDEM_PG_URL=" + testserver.PostgresURL(), "IDEM_PG_TABLE=no_such_table"}, []string{"stats"}, `has no table "public"."no_such_table"`, ""},
+		{"no mysql DSN", []string{"IDEM_STORE=mysql"}, []string{"stats"}, "--mysql-dsn (IDEM_MYSQL_DSN) is required", ""},
+		{"bad mysql DSN", []string{"IDEM_MYSQL_DSN=app:s3cret@tcp(127.0.0.1:3306"}, []string{"stats"}, `--mysql-dsn "app:xxxxx@tcp(127.0.0.1:3306": invalid DSN`, "s3cret"},
+		{"unreachable mysql", []string{"IDEM_MYSQL_DSN=app:s3cret@tcp(127.0.0.1:1)/test"}, []string{"stats"}, "MySQL at 127.0.0.1:1 does not answer", "s3cret"},
+		{"wrong mysql password", []string{"IDEM_MYSQL_DSN=" + wrongPassword.FormatDSN()}, []string{"stats"}, "MySQL at " + dsn.Addr + ": Error 1045", "s3cret"},
+		{"mysql DSN without a database", []string{"IDEM_MYSQL_DSN=" + noDatabase.FormatDSN()}, []string{"stats"}, "the DSN names no database", ""},
+		{"wrong mysql table", []string{"IDEM_MYSQL_DSN=" + mysqlDSN(), "IDEM_MYSQL_TABLE=no_such_table"}, []string{"stats"}, "has no table `" + dsn.DBName + "`.`no_such_table`: check --mysql-table and the DSN's database, or create it with `idem mysql migrate`", ""},
+		{"wrong dynamodb table", dynamo("IDEM_DYNAMO_TABLE=no_such_table"), []string{"stats"}, "has no table no_such_table: check --dynamo-table and the region, or create it with `idem dynamodb create-table`", ""},
+		{"unreachable dynamodb", dynamo("IDEM_DYNAMO_ENDPOINT=http://127.0.0.1:1"), []string{"stats"}, "DynamoDB at http://127.0.0.1:1 does not answer", ""},
+		{"bad dynamodb endpoint", dynamo("IDEM_DYNAMO_ENDPOINT=ftp://x"), []string{"stats"}, `--dynamo-endpoint "ftp://x": want http://host:port`, ""},
+		{"no AWS region", append([]string{"IDEM_STORE=dynamodb"}, noAWS...), []string{"stats"}, "no AWS region for the dynamodb store: set AWS_REGION", ""},
+		{"two SQL stores", []string{"IDEM_PG_URL=" + testserver.PostgresURL(), "IDEM_MYSQL_DSN=" + mysqlDSN()}, []string{"stats"}, "choose the store with --store", ""},
+		{"unknown store", []string{"IDEM_STORE=mongo"}, []string{"stats"}, "--store must be redis, postgres, mysql or dynamodb", ""},
+		{"unknown command", nil, []string{"frobnicate"}, "unknown command", ""},
+		{"bad output", nil, []string{"stats", "-o", "yaml"}, "-o must be table or json", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := idem(t, append([]string{"IDEM_STORE=", "IDEM_PG_URL=", "IDEM_REDIS_CLUSTER="}, c.env...), "", c.args...)
+			r := idem(t, append([]string{"IDEM_STORE=", "IDEM_PG_URL=", "IDEM_REDIS_CLUSTER=", "IDEM_MYSQL_DSN=", "IDEM_DYNAMO_ENDPOINT="}, c.env...), "", c.args...)
 			require.Equal(t, exitError, r.code, r.stdout+r.stderr)
 			require.Contains(t, r.stderr, c.want)
+			if c.hide != "" {
+				require.NotContains(t, r.stdout+r.stderr, c.hide)
+			}
 		})
 	}
 }
@@ -397,4 +545,32 @@ func TestPgSchemaCreatesTheTable(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, ok(t, env, "stats"), "total       0")
 	require.Contains(t, ok(t, env, "pg", "cleanup"), "deleted 0 forgotten records")
+}
+
+// mysql schema prints SQL that creates a working table, for migration
+// tools; it needs no DSN, and --store does not change it.
+func TestMySQLSchemaCreatesTheTable(t *testing.T) {
+	table, db := mysqlTable(t)
+	sql := ok(t, []string{"IDEM_STORE=redis", "IDEM_PG_URL=" + testserver.PostgresURL(), "IDEM_MYSQL_DSN=", "IDEM_MYSQL_TABLE=" + table}, "mysql", "schema")
+	require.Contains(t, sql, "CREATE TABLE IF NOT EXISTS `"+table+"`")
+	require.NotContains(t, sql, "{{")
+	_, err := db.ExecContext(context.Background(), sql)
+	require.NoError(t, err)
+	env := []string{"IDEM_STORE=", "IDEM_PG_URL=", "IDEM_MYSQL_DSN=" + mysqlDSN(), "IDEM_MYSQL_TABLE=" + table}
+	require.Contains(t, ok(t, env, "stats"), "total       0")
+	require.Contains(t, ok(t, env, "mysql", "migrate"), "table "+table+" is ready")
+	require.Contains(t, ok(t, env, "mysql", "cleanup"), "deleted 0 forgotten records")
+	require.Equal(t, exitError, idem(t, env, "", "mysql", "cleanup", "--batch", "0").code)
+}
+
+// create-table waits for the table to become active, which takes longer
+// on DynamoDB than the other commands take: its default --timeout is
+// longer.
+func TestDynamoCreateTableTimeout(t *testing.T) {
+	r := idem(t, []string{"IDEM_TIMEOUT="}, "", "dynamodb", "-h")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stderr, "(default 2m0s)")
+	r = idem(t, []string{"IDEM_TIMEOUT="}, "", "stats", "-h")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stderr, "(default 10s)")
 }

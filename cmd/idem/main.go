@@ -1,22 +1,3 @@
-// Command idem inspects and repairs the records of the idempotency
-// middleware's stores: Redis (single node or Cluster) and Postgres.
-//
-//	idem [flags] inspect KEY...          state, owner, token, time left, stored output
-//	idem [flags] release KEY             give up a stuck lease (only the one inspected)
-//	idem [flags] complete KEY [--force]  mark as handled: the next delivery is dropped
-//	idem [flags] delete KEY [--force]    forget the key: the next delivery runs
-//	idem [flags] list [--namespace H] [--state S] [--limit N] [--cursor C]
-//	idem [flags] stats [--namespace H]   records by state
-//	idem key --json-field F | --metadata N | --uuid | --payload-hash [--namespace H] [--inspect] < payload
-//	idem [flags] pg migrate | pg schema | pg cleanup [--batch N]
-//
-// The store is chosen with --store redis|postgres and reached with
-// --redis-url (or --redis-cluster) and --redis-prefix, or --pg-url,
-// --pg-schema and --pg-table; each flag defaults to its IDEM_*
-// environment variable. -o json prints JSON.
-//
-// Exit codes: 0 done, 1 error, 2 key not found, 3 refused (the record
-// changed since it was inspected, or a live lease needs --force).
 package main
 
 import (
@@ -27,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 )
 
 // Exit codes.
@@ -37,7 +19,7 @@ const (
 	exitRefused  = 3
 )
 
-// exitError carries a command's exit code.
+// codedError carries a command's exit code.
 type codedError struct {
 	code int
 	err  error
@@ -65,9 +47,16 @@ type command struct {
 	name, args, help string
 	// flags registers the command's own flags.
 	flags func(fs *flag.FlagSet) any
-	// store is false for commands that need no store.
+	// store is false for commands that need no store, or open it
+	// themselves.
 	store bool
-	run   func(ctx context.Context, e *env, opts any, args []string) error
+	// storeName is the store a store's own command (pg, mysql, dynamodb)
+	// works on, whatever --store says.
+	storeName string
+	// timeout replaces the default of --timeout, unless IDEM_TIMEOUT is
+	// set, for a command that takes longer than the others.
+	timeout time.Duration
+	run     func(ctx context.Context, e *env, opts any, args []string) error
 }
 
 // env is what a running command has.
@@ -79,7 +68,7 @@ type env struct {
 	stderr io.Writer
 }
 
-var commands = []*command{inspectCmd, releaseCmd, completeCmd, deleteCmd, listCmd, statsCmd, keyCmd, pgCmd}
+var commands = []*command{inspectCmd, releaseCmd, completeCmd, deleteCmd, listCmd, statsCmd, keyCmd, pgCmd, mysqlCmd, dynamoCmd}
 
 func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
 
@@ -123,6 +112,11 @@ func runCommand(cmd *command, args []string, stdin io.Reader, stdout, stderr io.
 	fs.SetOutput(stderr)
 	g := &globals{}
 	g.register(fs)
+	if cmd.timeout > 0 && os.Getenv("IDEM_TIMEOUT") == "" {
+		f := fs.Lookup("timeout")
+		_ = f.Value.Set(cmd.timeout.String())
+		f.DefValue = cmd.timeout.String()
+	}
 	var opts any
 	if cmd.flags != nil {
 		opts = cmd.flags(fs)
@@ -134,6 +128,9 @@ func runCommand(cmd *command, args []string, stdin io.Reader, stdout, stderr io.
 	if err := fs.Parse(interleaved(fs, args)); err != nil {
 		return err
 	}
+	if cmd.storeName != "" {
+		g.store = cmd.storeName
+	}
 	if err := g.validate(); err != nil {
 		return err
 	}
@@ -141,7 +138,7 @@ func runCommand(cmd *command, args []string, stdin io.Reader, stdout, stderr io.
 	defer cancel()
 	e := &env{g: g, stdin: stdin, stdout: stdout, stderr: stderr}
 	if cmd.store {
-		s, _, closeFn, err := openStore(ctx, g, true)
+		s, closeFn, err := openStore(ctx, g, true)
 		if err != nil {
 			return err
 		}
@@ -185,7 +182,7 @@ func isBool(f *flag.Flag) bool {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: idem [flags] COMMAND [ARGS]")
+	fmt.Fprintln(w, "usage: idem COMMAND [flags] [ARGS]")
 	fmt.Fprintln(w, "\ncommands:")
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.help)
