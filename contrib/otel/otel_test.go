@@ -200,6 +200,11 @@ func TestSpanEventOptions(t *testing.T) {
 			}
 			attempt, _ := attrs.Value(idemotel.AttrAttempt)
 			require.EqualValues(t, 1, attempt.AsInt64())
+			takeover, has := attrs.Value("watermill.idempotency.takeover")
+			require.True(t, has)
+			require.False(t, takeover.AsBool(), "a first lease is no takeover")
+			_, has = attrs.Value("watermill.idempotency.waited")
+			require.False(t, has, "nobody held the key: no wait to report")
 		})
 	}
 }
@@ -215,10 +220,26 @@ func TestTakeoverCounted(t *testing.T) {
 	require.NoError(t, err)
 	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "pay", Observer: obs, PollInterval: 5 * time.Millisecond})
 	require.NoError(t, err)
-	_, err = idem.Middleware(ok)(message.NewMessage("m1", nil))
+	msg := message.NewMessage("m1", nil)
+	ctx, span := tel.tracer.Start(context.Background(), "process")
+	msg.SetContext(ctx)
+	_, err = idem.Middleware(ok)(msg)
 	require.NoError(t, err)
+	span.End()
 	data := tel.collect(t)
 	require.Equal(t, map[string]int64{"": 1}, sums(t, data["watermill.idempotency.takeovers"]))
+
+	ended := tel.spans.Ended()
+	require.Len(t, ended, 1)
+	require.Len(t, ended[0].Events(), 1)
+	attrs := attribute.NewSet(ended[0].Events()[0].Attributes...)
+	takeover, has := attrs.Value("watermill.idempotency.takeover")
+	require.True(t, has, "a takeover event names it")
+	require.Equal(t, attribute.BOOL, takeover.Type())
+	require.True(t, takeover.AsBool())
+	token, _ := attrs.Value("watermill.idempotency.fencing_token")
+	attempt, _ := attrs.Value("watermill.idempotency.attempt")
+	require.Equal(t, [2]int64{2, 2}, [2]int64{token.AsInt64(), attempt.AsInt64()}, "the crashed holder had the first lease")
 }
 
 type timeoutErr struct{}

@@ -307,8 +307,11 @@ func runScenario(t *testing.T, b broker, store backends.Store) {
 	checkSpanEvents(t, tel.spans.Ended())
 }
 
-// checkSpanEvents checks one delivery event on each consumer span, with the
-// fencing token of the lease the handler ran under.
+// checkSpanEvents checks one delivery event on each consumer span, with
+// every attribute the observer sets, under the names it sets them: the
+// fencing token and attempt of the lease the handler ran under, takeover
+// false on each lease (none was taken over), and waited only on o-3's
+// duplicate, which the gate made wait for its holder.
 func checkSpanEvents(t *testing.T, spans []sdktrace.ReadOnlySpan) {
 	t.Helper()
 	var got []string
@@ -317,24 +320,40 @@ func checkSpanEvents(t *testing.T, spans []sdktrace.ReadOnlySpan) {
 		require.Equal(t, "Unset", s.Status().Code.String(), "the observer never sets the span's status")
 		events := s.Events()
 		require.Len(t, events, 1, "span %s", s.Name())
-		ev := events[0]
-		require.Equal(t, idemotel.EventName, ev.Name)
-		attrs := attribute.NewSet(ev.Attributes...)
-		_, hasKey := attrs.Value(idemotel.AttrKey)
-		require.False(t, hasKey, "the key only when asked for")
-		outcome, _ := attrs.Value(idemotel.AttrOutcome)
-		token, _ := attrs.Value(idemotel.AttrFencingToken)
-		got = append(got, fmt.Sprintf("%s %s token=%d", s.Name(), outcome.AsString(), token.AsInt64()))
+		require.Equal(t, idemotel.EventName, events[0].Name)
+		got = append(got, s.Name()+": "+describeAttrs(t, events[0].Attributes))
 	}
 	sort.Strings(got)
 	require.Equal(t, []string{
-		"process o-1 duplicate token=0",
-		"process o-1 processed token=1",
-		"process o-2 handler_failed token=1",
-		"process o-2 processed token=2",
-		"process o-3 duplicate token=0",
-		"process o-3 processed token=1",
+		"process o-1: watermill.idempotency.acked=true watermill.idempotency.attempt=1 watermill.idempotency.fencing_token=1 watermill.idempotency.outcome=processed watermill.idempotency.takeover=false",
+		"process o-1: watermill.idempotency.acked=true watermill.idempotency.outcome=duplicate watermill.idempotency.replayed=1",
+		"process o-2: error.type=gateway watermill.idempotency.acked=false watermill.idempotency.attempt=1 watermill.idempotency.fencing_token=1 watermill.idempotency.outcome=handler_failed watermill.idempotency.takeover=false",
+		"process o-2: watermill.idempotency.acked=true watermill.idempotency.attempt=2 watermill.idempotency.fencing_token=2 watermill.idempotency.outcome=processed watermill.idempotency.takeover=false",
+		"process o-3: watermill.idempotency.acked=true watermill.idempotency.attempt=1 watermill.idempotency.fencing_token=1 watermill.idempotency.outcome=processed watermill.idempotency.takeover=false",
+		"process o-3: watermill.idempotency.acked=true watermill.idempotency.outcome=duplicate watermill.idempotency.replayed=1 watermill.idempotency.waited>0",
 	}, got)
+}
+
+// describeAttrs renders a span event's attributes as name=value, sorted by
+// name. A wait's length varies from run to run, so the waited attribute is
+// rendered as "waited>0" once it is checked to be a positive number of
+// seconds; the key is never expected, so it is refused here.
+func describeAttrs(t *testing.T, attrs []attribute.KeyValue) string {
+	t.Helper()
+	parts := make([]string, 0, len(attrs))
+	for _, kv := range attrs {
+		name := string(kv.Key)
+		require.NotEqual(t, "watermill.idempotency.key", name, "the key only when asked for")
+		if name == "watermill.idempotency.waited" {
+			require.Equal(t, attribute.FLOAT64, kv.Value.Type(), "waited is in seconds")
+			require.Positive(t, kv.Value.AsFloat64(), "waited is set only on a delivery that waited")
+			parts = append(parts, name+">0")
+			continue
+		}
+		parts = append(parts, name+"="+kv.Value.Emit())
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, " ")
 }
 
 func TestObserverThroughGoChannelRouter(t *testing.T) {
