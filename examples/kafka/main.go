@@ -10,6 +10,21 @@
 // tokens. At the end the run checks that every order was charged exactly
 // once and exits non-zero if not.
 //
+// While the slow order runs, the group scales out: a third member joins
+// (its messages go to the other consumer's handler). The busy members,
+// the slow order's holder and the consumer whose copy of it waits, cannot
+// take part in the rebalance this starts, as Sarama rejoins only once
+// their handlers have returned; after the rebalance timeout (1s
+// here; Sarama's default is 60s) the coordinator evicts them and the
+// newcomer reads their partitions from the last committed offsets: the
+// slow order's message again, while its first delivery still runs. A
+// handler that outlasts the rebalance timeout meets this at every deploy
+// or scale-out. The middleware makes the redelivered copy wait for the
+// holder and nacks it while the order is in progress; the holder keeps
+// its lease and charges the order once. Its ack, from a member no longer
+// in the group, commits no offset; a later delivery, acked as a duplicate
+// once the order is charged, does.
+//
 // Kafka has no per-message nack: watermill-kafka retries a nacked message
 // in place, and its partition waits meanwhile. A duplicate waiting in the
 // middleware for the consumer that holds its key holds its partition too,
@@ -24,11 +39,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -110,6 +127,10 @@ func tell(ctx context.Context, brokers []string, store backends.Store, orders in
 
 // newBroker is Kafka as the story uses it: a publisher that puts each of
 // the producer's copies on its own partition, and consumers in one group.
+// Its Redeliver adds a member to the group under the consumer that does
+// not hold the slow order. watermill-kafka waits for a handler's ack
+// whatever the group does, so a member busy in a handler misses the
+// rebalance and is evicted after rebalanceTimeout.
 func newBroker(brokers []string, group string) (story.Broker, func(), error) {
 	logger := watermill.NopLogger{}
 	pubCfg := kafka.DefaultSaramaSyncPublisherConfig()
@@ -118,10 +139,30 @@ func newBroker(brokers []string, group string) (story.Broker, func(), error) {
 	if err != nil {
 		return story.Broker{}, nil, err
 	}
-	var subs []message.Subscriber
+	newMember := func() (message.Subscriber, error) {
+		cfg := kafka.DefaultSaramaSubscriberConfig()
+		cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+		cfg.Consumer.Group.Rebalance.Timeout = rebalanceTimeout
+		// An evicted member learns it at its next heartbeat, and stops
+		// taking messages from the partitions it lost.
+		cfg.Consumer.Group.Heartbeat.Interval = 200 * time.Millisecond
+		return kafka.NewSubscriber(kafka.SubscriberConfig{
+			Brokers:               brokers,
+			ConsumerGroup:         group,
+			Unmarshaler:           kafka.DefaultMarshaler{},
+			OverwriteSaramaConfig: cfg,
+			NackResendSleep:       100 * time.Millisecond,
+		}, logger)
+	}
+	var (
+		mu        sync.Mutex
+		consumers = map[string]*consumer{}
+	)
 	closeAll := func() {
-		for _, s := range subs {
-			_ = s.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range consumers {
+			_ = c.Close()
 		}
 		_ = pub.Close()
 	}
@@ -129,22 +170,128 @@ func newBroker(brokers []string, group string) (story.Broker, func(), error) {
 		Name:      "Kafka",
 		Publisher: pub,
 		Topic:     topic,
-		Subscriber: func(string) (message.Subscriber, error) {
-			cfg := kafka.DefaultSaramaSubscriberConfig()
-			cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
-			sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-				Brokers:               brokers,
-				ConsumerGroup:         group,
-				Unmarshaler:           kafka.DefaultMarshaler{},
-				OverwriteSaramaConfig: cfg,
-				NackResendSleep:       100 * time.Millisecond,
-			}, logger)
-			if err == nil {
-				subs = append(subs, sub)
+		SlowFor:   4 * time.Second,
+		Subscriber: func(name string) (message.Subscriber, error) {
+			c := &consumer{newMember: newMember, closing: make(chan struct{})}
+			mu.Lock()
+			defer mu.Unlock()
+			consumers[name] = c
+			return c, nil
+		},
+		Redeliver: func(holder string) {
+			mu.Lock()
+			var other *consumer
+			for name, c := range consumers {
+				if name != holder {
+					other = c
+				}
 			}
-			return sub, err
+			mu.Unlock()
+			if other != nil {
+				// An error leaves the group as it was: the check reports
+				// that nothing was redelivered.
+				_ = other.join()
+			}
 		},
 	}, closeAll, nil
+}
+
+// rebalanceTimeout is how long the coordinator waits for the group's
+// members to rejoin a rebalance before it evicts them: well within the
+// slow order, so that it is redelivered while it runs.
+const rebalanceTimeout = time.Second
+
+// consumer is one consumer's subscriber: its member of the consumer group,
+// and any member added to it later, all handing their messages to its one
+// handler.
+type consumer struct {
+	newMember func() (message.Subscriber, error)
+
+	mu      sync.Mutex
+	members []message.Subscriber
+	ctx     context.Context
+	topic   string
+	out     chan *message.Message
+	// pending counts the members' channels still open, plus one while the
+	// consumer is open, so that out is closed only once no member can be
+	// added.
+	pending   sync.WaitGroup
+	closed    bool
+	closing   chan struct{}
+	closeOnce sync.Once
+}
+
+// Subscribe joins the group with the consumer's first member.
+func (c *consumer) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	c.mu.Lock()
+	if c.out != nil {
+		c.mu.Unlock()
+		return nil, errors.New("kafka example: a consumer subscribes once")
+	}
+	c.ctx, c.topic, c.out = ctx, topic, make(chan *message.Message)
+	c.pending.Add(1)
+	c.mu.Unlock()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-c.closing:
+		}
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		c.pending.Done()
+	}()
+	go func() {
+		c.pending.Wait()
+		close(c.out)
+	}()
+	if err := c.join(); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return c.out, nil
+}
+
+// join adds a member to the group, handing its messages to the consumer.
+func (c *consumer) join() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.out == nil {
+		return errors.New("kafka example: consumer not subscribed")
+	}
+	sub, err := c.newMember()
+	if err != nil {
+		return err
+	}
+	msgs, err := sub.Subscribe(c.ctx, c.topic)
+	if err != nil {
+		_ = sub.Close()
+		return err
+	}
+	c.members = append(c.members, sub)
+	c.pending.Add(1)
+	go func() {
+		defer c.pending.Done()
+		for msg := range msgs {
+			c.out <- msg
+		}
+	}()
+	return nil
+}
+
+// Close closes every member: they leave the group.
+func (c *consumer) Close() error {
+	c.closeOnce.Do(func() { close(c.closing) })
+	c.mu.Lock()
+	c.closed = true
+	members := c.members
+	c.members = nil
+	c.mu.Unlock()
+	var errs []error
+	for _, m := range members {
+		errs = append(errs, m.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // attemptPartitioner puts each of the producer's copies of an order on its

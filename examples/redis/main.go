@@ -178,8 +178,15 @@ func newBroker(client *redis.Client, prefix string) (story.Broker, error) {
 		},
 		// About MaxIdleTime, a few times over: the lease is renewed every
 		// third of it while the handler runs.
-		Configure:              func(c *idempotency.Config) { c.LeaseTTL = 3 * maxIdleTime },
-		SlowFor:                3 * time.Second,
+		Configure: func(c *idempotency.Config) { c.LeaseTTL = 3 * maxIdleTime },
+		// A consumer reads what it claims on the channel it reads the
+		// stream on, one entry at a time: one busy nacking a copy of the
+		// slow order, as it would with a second copy from the producer,
+		// handles the entry it claimed only once that copy is acked, after
+		// the order ran. One copy leaves the other consumer free to claim
+		// the holder's entry, idle past MaxIdleTime, while it still runs.
+		SlowCopies:             1,
+		SlowFor:                4 * time.Second,
 		RedeliversWhileRunning: true,
 	}, nil
 }

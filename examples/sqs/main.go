@@ -241,7 +241,11 @@ func newBroker(ctx context.Context, cfg Config, deferred *atomic.Int64) (story.B
 			// deferred, instead of holding an SQS worker.
 			c.InProgressWait = 200 * time.Millisecond
 		},
-		SlowFor:                3 * time.Second,
+		// Over twice the visibility timeout: SQS shows the slow order's
+		// message again one visibility timeout after it was received, and
+		// a consumer must then receive it (a long poll) while the order
+		// still runs.
+		SlowFor:                9 * visibilityTimeout / 4,
 		RedeliversWhileRunning: true,
 	}, nil
 }

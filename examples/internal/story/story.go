@@ -47,14 +47,30 @@ type Broker struct {
 	// broker's helper that delays an in-flight duplicate's redelivery).
 	Middleware []message.HandlerMiddleware
 	// Configure adjusts the middleware's configuration for the broker:
-	// its LeaseTTL and InProgressWait (brokers.md).
+	// its LeaseTTL and InProgressWait (brokers.md). InProgressWait
+	// defaults to a quarter of SlowFor here, so that a duplicate of the
+	// slow order gives up waiting and is nacked while it runs, and the
+	// poison queue meets an in-flight duplicate on every broker.
 	Configure func(c *idempotency.Config)
+	// SlowCopies is how many copies of the slow order the producer sends
+	// at once. Defaults to 2. A broker whose consumer handles one message
+	// at a time, and cannot handle a redelivery while it nacks a copy in a
+	// loop (Redis Streams), sends 1, so that the broker's own redelivery
+	// finds a consumer free while the order runs.
+	SlowCopies int
 	// SlowFor is how long the slow order's handler runs. Defaults to 2s.
 	SlowFor time.Duration
 	// RedeliversWhileRunning is set for a broker that delivers the slow
 	// order's message again on its own while its first delivery still
 	// runs (an ack deadline, AckWait, a visibility timeout).
 	RedeliversWhileRunning bool
+	// Redeliver, if set, is called once the slow order's first delivery
+	// runs, with the consumer running it, and makes the broker deliver
+	// that message again by its own means while the handler goes on: a
+	// connection dropped under it (the broker requeues what it held
+	// unacked), a consumer evicted from its group. The check then asks
+	// for such a redelivery, as it does with RedeliversWhileRunning.
+	Redeliver func(consumer string)
 	// Serialized is set for a broker that never hands out a message while
 	// another delivery of the topic is being handled (it locks the topic):
 	// no duplicate can arrive while the slow order runs, and the check
@@ -105,8 +121,12 @@ type Report struct {
 	Outcomes map[string]int64
 	// SlowDeliveries counts deliveries of the slow order's messages, and
 	// SlowInFlight those that arrived while it ran: they waited for its
-	// holder, or were nacked still in progress.
-	SlowDeliveries, SlowInFlight int64
+	// holder, or were nacked still in progress. SlowRedelivered counts
+	// deliveries of a slow-order message (by UUID) that began while an
+	// earlier delivery of the same message was still being handled: the
+	// broker's own redelivery of a message in progress, not a producer's
+	// copy.
+	SlowDeliveries, SlowInFlight, SlowRedelivered int64
 	// AckedEarly lists duplicates acked while their order was not yet
 	// charged: an in-flight duplicate acked. Must be empty.
 	AckedEarly []string
@@ -127,7 +147,8 @@ type Report struct {
 	CrashedConsumer string
 	CrashTakeover   bool
 	CrashRecovery   time.Duration
-	// RedeliversWhileRunning and Serialized are the broker's, for Check.
+	// RedeliversWhileRunning (set too for a broker with Redeliver) and
+	// Serialized are the broker's, for Check.
 	RedeliversWhileRunning, Serialized bool
 }
 
@@ -167,11 +188,14 @@ func (r Report) Check() error {
 	if r.SlowInFlight < 1 && !r.Serialized {
 		errs = append(errs, fmt.Errorf("the slow order was delivered %d times, never while it ran", r.SlowDeliveries))
 	}
+	if r.Outcomes[idempotency.OutcomeInProgress.String()] < 1 && !r.Serialized {
+		errs = append(errs, errors.New("no duplicate was nacked while its order was in progress: the poison queue never met one"))
+	}
 	if !r.CrashTakeover {
 		errs = append(errs, fmt.Errorf("the crash order was not charged by a consumer that took the crashed holder's lease over (crashed: %q)", r.CrashedConsumer))
 	}
-	if r.RedeliversWhileRunning && r.SlowDeliveries < 3 {
-		errs = append(errs, fmt.Errorf("the broker did not redeliver the slow order while it ran (%d deliveries)", r.SlowDeliveries))
+	if r.RedeliversWhileRunning && r.SlowRedelivered < 1 {
+		errs = append(errs, fmt.Errorf("the broker did not redeliver the slow order's message while it ran (%d deliveries)", r.SlowDeliveries))
 	}
 	return errors.Join(errs...)
 }
@@ -182,8 +206,8 @@ func (r Report) String() string {
 	for _, o := range slices.Sorted(maps.Keys(r.Outcomes)) {
 		parts = append(parts, fmt.Sprintf("%s=%d", o, r.Outcomes[o]))
 	}
-	return fmt.Sprintf("%s: %d messages for %d orders; outcomes %s; slow order delivered %d times, %d while it ran, %d store calls in the %v it ran; crash order taken over %v after %s crashed: %v",
-		r.Broker, r.Published, r.Orders, strings.Join(parts, " "), r.SlowDeliveries, r.SlowInFlight, r.StoreCallsWhileSlow, r.SlowRun.Round(10*time.Millisecond),
+	return fmt.Sprintf("%s: %d messages for %d orders; outcomes %s; slow order delivered %d times, %d while it ran (%d redelivered by the broker while in progress), %d store calls in the %v it ran; crash order taken over %v after %s crashed: %v",
+		r.Broker, r.Published, r.Orders, strings.Join(parts, " "), r.SlowDeliveries, r.SlowInFlight, r.SlowRedelivered, r.StoreCallsWhileSlow, r.SlowRun.Round(10*time.Millisecond),
 		r.CrashRecovery.Round(10*time.Millisecond), r.CrashedConsumer, r.CrashTakeover)
 }
 
@@ -200,11 +224,14 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 	if b.DeliveriesPerMessage == 0 {
 		b.DeliveriesPerMessage = 1
 	}
+	if b.SlowCopies == 0 {
+		b.SlowCopies = 2
+	}
 	var (
 		calls    atomic.Int64
 		sink     = fleet.NewSink()
 		mu       sync.Mutex
-		rep      = Report{Broker: b.Name, Orders: orders + 3, Outcomes: map[string]int64{}, RedeliversWhileRunning: b.RedeliversWhileRunning, Serialized: b.Serialized}
+		rep      = Report{Broker: b.Name, Orders: orders + 3, Outcomes: map[string]int64{}, RedeliversWhileRunning: b.RedeliversWhileRunning || b.Redeliver != nil, Serialized: b.Serialized}
 		acked    atomic.Int64
 		inFlight atomic.Int64
 		// Deliveries handed to a router and deliveries done: a router's
@@ -215,6 +242,9 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		failed   atomic.Bool
 		slowRan  = make(chan struct{})
 		slowOnce sync.Once
+		// The slow order's messages being handled, by UUID.
+		slowActive    = map[string]int{}
+		redeliverOnce sync.Once
 		// The crash: which consumer crashed and when, and the closing of
 		// its router; then the acked charge of the crash order.
 		crashed      atomic.Bool
@@ -269,10 +299,23 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 			inFlight.Add(1)
 			defer finished.Add(1)
 			defer inFlight.Add(-1)
+			if msg.Metadata.Get("order_id") == SlowOrder {
+				mu.Lock()
+				if slowActive[msg.UUID] > 0 {
+					rep.SlowRedelivered++
+				}
+				slowActive[msg.UUID]++
+				mu.Unlock()
+				defer func() {
+					mu.Lock()
+					slowActive[msg.UUID]--
+					mu.Unlock()
+				}()
+			}
 			return h(msg)
 		}
 	}
-	charge := func(msg *message.Message) error {
+	charge := func(msg *message.Message, consumer int) error {
 		lease, ok := idempotency.LeaseFromContext(msg.Context())
 		if !ok {
 			return errors.New("no lease in the handler's context")
@@ -280,6 +323,9 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		switch order := msg.Metadata.Get("order_id"); {
 		case order == SlowOrder:
 			start, startCalls := time.Now(), calls.Load()
+			if b.Redeliver != nil {
+				redeliverOnce.Do(func() { go b.Redeliver(routerNames[consumer]) })
+			}
 			select {
 			case <-time.After(b.SlowFor):
 			case <-msg.Context().Done():
@@ -319,7 +365,7 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 			if msg.Metadata.Get("order_id") == CrashOrder && crashed.CompareAndSwap(false, true) {
 				return crash(msg, consumer, store)
 			}
-			return charge(msg)
+			return charge(msg, consumer)
 		}
 	}
 
@@ -348,6 +394,7 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 			// Short, so that the outage order's store-error nacks come
 			// back soon.
 			MaxStoreBackoff: 50 * time.Millisecond,
+			InProgressWait:  b.SlowFor / 4,
 		}
 		if b.Configure != nil {
 			b.Configure(&cfg)
@@ -392,8 +439,8 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		}
 		return nil
 	}
-	fmt.Fprintf(w, "%s: the slow order twice at once, the flaky order, the outage order, then %d orders twice each\n", b.Name, orders)
-	if err := publish(SlowOrder, 2); err != nil {
+	fmt.Fprintf(w, "%s: the slow order (%d copies at once), the flaky order, the outage order, then %d orders twice each\n", b.Name, b.SlowCopies, orders)
+	if err := publish(SlowOrder, b.SlowCopies); err != nil {
 		return snapshot(), err
 	}
 	if err := publish(FlakyOrder, 1); err != nil {
