@@ -15,6 +15,10 @@
 //	(h) one caller: Acquire+Complete back to back with coalescing on and
 //	    off, the two alternating cycle by cycle
 //
+// For (e), (f) and (g) it also reads how busy the server's main thread
+// was (INFO cpu, before and after each run): a store whose calls are
+// already batched cannot go faster than that thread runs its scripts.
+//
 // It prints a table with the ratios, and the memory one completed record
 // takes.
 //
@@ -177,15 +181,18 @@ func run(addr string, clients, deliveries int, duration time.Duration, requests,
 	fmt.Fprintf(w, "(f) %d deliveries: redislock Obtain+Release\t%s cycles/s\t\t\t\n", deliveries, count(co.lock))
 	fmt.Fprintf(w, "(g) %d deliveries: Acquire+Complete, NoCoalesce\t%s cycles/s\t%.2f = (e)/(g)\t\t\n", deliveries, count(co.off), co.on/co.off)
 	fmt.Fprintf(w, "(g) against redislock\t\t%.2f = (g)/(f)\t\t\n", co.off/co.lock)
+	fmt.Fprintf(w, "Redis main thread busy during (e), (f), (g)\t%.0f%%, %.0f%%, %.0f%%\t\t\t\n", 100*co.busyOn, 100*co.busyLock, 100*co.busyOff)
 	fmt.Fprintf(w, "(h) one caller: Acquire+Complete, coalescing on\t%s\t%.3f × off\t≤ 1.05\t\n", us(co.loneOn), float64(co.loneOn)/float64(co.loneOff))
 	fmt.Fprintf(w, "(h) one caller: Acquire+Complete, NoCoalesce\t%s\t\t\t\n", us(co.loneOff))
 	return w.Flush()
 }
 
-// coalesced holds the figures of (e) to (h).
+// coalesced holds the figures of (e) to (h), and the share of its time
+// the server's main thread was busy during (e), (f) and (g).
 type coalesced struct {
-	on, off, lock   float64
-	loneOn, loneOff time.Duration
+	on, off, lock             float64
+	busyOn, busyOff, busyLock float64
+	loneOn, loneOff           time.Duration
 }
 
 // coalescing measures (e) to (h) on a client of its own whose pool has a
@@ -211,22 +218,37 @@ func coalescing(addr, prefix string, deliveries int, duration time.Duration, mes
 		}
 		return l.Release(ctx)
 	}
-	var onRuns, offRuns, lockRuns []float64
-	measure := func(runs *[]float64, op func(context.Context, string) error) func() error {
+	var onRuns, offRuns, lockRuns, onBusy, offBusy, lockBusy []float64
+	measure := func(runs, busy *[]float64, op func(context.Context, string) error) func() error {
 		return func() error {
+			cpu0, err := serverCPU(client)
+			if err != nil {
+				return err
+			}
+			start := time.Now()
 			v, err := load.Cycles(deliveries, duration, op)
+			if err != nil {
+				return err
+			}
+			elapsed := time.Since(start)
+			cpu1, err := serverCPU(client)
+			if err != nil {
+				return err
+			}
 			*runs = append(*runs, v)
-			return err
+			*busy = append(*busy, (cpu1-cpu0).Seconds()/elapsed.Seconds())
+			return nil
 		}
 	}
 	if err := load.Rounds(rounds,
-		measure(&onRuns, load.StoreCycle(on)),
-		measure(&lockRuns, obtainRelease),
-		measure(&offRuns, load.StoreCycle(off)),
+		measure(&onRuns, &onBusy, load.StoreCycle(on)),
+		measure(&lockRuns, &lockBusy, obtainRelease),
+		measure(&offRuns, &offBusy, load.StoreCycle(off)),
 	); err != nil {
 		return r, err
 	}
 	r.on, r.off, r.lock = load.Median(onRuns), load.Median(offRuns), load.Median(lockRuns)
+	r.busyOn, r.busyOff, r.busyLock = load.Median(onBusy), load.Median(offBusy), load.Median(lockBusy)
 	r.loneOn, r.loneOff, err = alternating(messages, load.StoreCycle(on), load.StoreCycle(off))
 	return r, err
 }
@@ -367,4 +389,30 @@ func cleanup(c *redis.Client, prefix string) {
 	if len(batch) > 0 {
 		c.Unlink(ctx, batch...)
 	}
+}
+
+// serverCPU is the CPU time the server's main thread has used (INFO cpu,
+// Redis 6.2 and later), or the whole process's on an older server.
+func serverCPU(c *redis.Client) (time.Duration, error) {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		return 0, err
+	}
+	fields := map[string]float64{}
+	for line := range strings.Lines(info) {
+		name, value, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		if f, err := strconv.ParseFloat(value, 64); err == nil {
+			fields[name] = f
+		}
+	}
+	secs, ok := fields["used_cpu_user_main_thread"]
+	if ok {
+		secs += fields["used_cpu_sys_main_thread"]
+	} else {
+		secs = fields["used_cpu_user"] + fields["used_cpu_sys"]
+	}
+	return time.Duration(secs * float64(time.Second)), nil
 }
