@@ -69,7 +69,7 @@ TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/o
 TEST_JOBS    ?= 3
 
 .PHONY: test
-test: bin/goaws bin/dynalite ## Run every test with the race detector (needs Redis, Postgres and MariaDB: see .ci/run)
+test: bin/goaws bin/dynalite ## Run every test with the race detector (needs Redis, Postgres, MariaDB, RabbitMQ, NATS and Node.js: see .ci/run)
 	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) -O $(addprefix test/,$(TEST_MODULES))
 
 # Not .PHONY: make applies no pattern rule to a phony target. No file is
