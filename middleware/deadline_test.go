@@ -8,14 +8,23 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// Waits here only ever run late: a context asserted live has an hour left,
+// and one asserted expired is looked at after its deadline.
+
 func TestDeadlineCtxWithoutDone(t *testing.T) {
+	live := withDeadline(context.Background(), time.Hour)
+	defer live.stop()
+	require.NoError(t, live.Err())
+
+	before := time.Now()
 	c := withDeadline(context.Background(), 20*time.Millisecond)
+	after := time.Now()
 	defer c.stop()
 	d, ok := c.Deadline()
 	require.True(t, ok)
-	require.WithinDuration(t, time.Now().Add(20*time.Millisecond), d, 10*time.Millisecond)
-	require.NoError(t, c.Err())
-	time.Sleep(30 * time.Millisecond)
+	require.False(t, d.Before(before.Add(20*time.Millisecond)), "deadline %v, created at %v", d, before)
+	require.False(t, d.After(after.Add(20*time.Millisecond)), "deadline %v, created by %v", d, after)
+	time.Sleep(time.Until(d) + time.Millisecond)
 	require.ErrorIs(t, c.Err(), context.DeadlineExceeded)
 	select {
 	case <-c.Done():
@@ -25,10 +34,19 @@ func TestDeadlineCtxWithoutDone(t *testing.T) {
 }
 
 func TestDeadlineCtxDoneClosesAtDeadline(t *testing.T) {
+	live := withDeadline(context.Background(), time.Hour)
+	defer live.stop()
+	open := live.Done()
+	require.NoError(t, live.Err(), "Err is nil while Done is open")
+	select {
+	case <-open:
+		t.Fatal("Done closed an hour early")
+	default:
+	}
+
 	c := withDeadline(context.Background(), 20*time.Millisecond)
 	defer c.stop()
 	done := c.Done()
-	require.NoError(t, c.Err(), "Err is nil while Done is open")
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):

@@ -121,7 +121,8 @@ func TestTakeoverOfCrashedHolder(t *testing.T) {
 // A holder that fails releases the key; a duplicate waiting for it takes
 // the key at once and processes it.
 func TestWaitingDuplicateProcessesAfterHolderFails(t *testing.T) {
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), nil)
+	store := &countingStore{Store: memstore.New(memstore.Options{})}
+	m, counters := newMiddleware(t, store, nil)
 	release := make(chan struct{})
 	var runs atomic.Int32
 	h := m.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -136,7 +137,7 @@ func TestWaitingDuplicateProcessesAfterHolderFails(t *testing.T) {
 	waitFor(t, "holder running", func() bool { return runs.Load() == 1 })
 	second := make(chan error)
 	go func() { _, err := h(newMsg("k", "x")); second <- err }()
-	time.Sleep(20 * time.Millisecond)
+	waitFor(t, "the duplicate waiting", func() bool { return store.watches.Load() == 1 })
 	close(release)
 	require.ErrorIs(t, <-first, errBoom)
 	require.NoError(t, <-second)

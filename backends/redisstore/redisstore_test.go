@@ -204,9 +204,12 @@ func TestPoolExhaustion(t *testing.T) {
 	blocked := make(chan struct{})
 	go func() {
 		defer close(blocked)
-		client.BLPop(context.Background(), 2*time.Second, blockKey) // holds the only connection
+		client.BLPop(context.Background(), 5*time.Second, blockKey) // holds the only connection
 	}()
-	time.Sleep(100 * time.Millisecond)
+	require.Eventually(t, func() bool {
+		st := client.PoolStats()
+		return st.TotalConns == 1 && st.IdleConns == 0
+	}, 5*time.Second, time.Millisecond, "the blocking call holds the only connection")
 
 	_, err := s.Acquire(context.Background(), backends.AcquireRequest{Key: "k", Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
 	require.ErrorIs(t, err, redis.ErrPoolTimeout)
