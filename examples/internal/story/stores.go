@@ -63,7 +63,7 @@ func Tell(t *testing.T, newBroker func(t *testing.T) Broker, extra ...Store) {
 				err = rep.Check()
 			}
 			if err != nil {
-				t.Fatalf("%v\n%+v", err, rep)
+				t.Fatalf("story failed: %v\n%+v", err, rep)
 			}
 		})
 	}
