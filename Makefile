@@ -18,36 +18,29 @@ help: ## List the targets
 demo: ## Run the demo: in-memory store and GoChannel, no services needed
 	cd examples && $(GO) run ./quickstart
 
-DYNALITE_VERSION := 4.0.0
+# testenv runs a command with private servers: it installs what is
+# missing, starts each server on a free port in a temporary directory,
+# passes the addresses in REDIS_ADDR, TEST_DATABASE_URL, ... and removes
+# everything when the command ends. A variable you set names a server of
+# yours instead (docs/development.md).
+TESTENV := bin/testenv
 
-bin/dynalite: ## Install dynalite (DynamoDB on LevelDB, for Node.js) from npm, pinned, into .cache/dynalite
-	npm install --no-audit --no-fund --loglevel=error --prefix .cache/dynalite dynalite@$(DYNALITE_VERSION)
-	@mkdir -p bin
-	printf '#!/bin/sh\nexec node "%s/.cache/dynalite/node_modules/dynalite/cli.js" "$$@"\n' "$(CURDIR)" > bin/dynalite
-	chmod +x bin/dynalite
+bin/testenv: tools/go.mod tools/go.sum $(wildcard tools/testenv/*.go)
+	cd tools && GOWORK=off $(GO) build -o ../bin/testenv ./testenv
 
 EXAMPLE ?= redis
 
 .PHONY: example-redis
-example-redis: ## Run the Redis Streams example against local Redis (REDIS_ADDR)
-	cd examples && $(GO) run ./redis
+example-redis: bin/testenv ## Run the Redis Streams example against a private Redis (or yours: REDIS_ADDR)
+	@$(TESTENV) -cc=false -services redis -- sh -c 'cd examples && exec $(GO) run ./redis'
 
 .PHONY: example-kafka
-example-kafka: ## Run the Kafka example: in-process Kafka (or KAFKA_BROKERS), leases in local Redis (REDIS_ADDR)
-	cd examples && $(GO) run ./kafka
-
-GOAWS_PORT ?= 4100
-
-bin/goaws: tools/go.mod tools/go.sum ## Build the goaws SQS emulator from its pinned version (tools/go.mod)
-	cd tools && $(GO) build -o ../bin/goaws github.com/Admiral-Piett/goaws/app/cmd
+example-kafka: bin/testenv ## Run the Kafka example: in-process Kafka (or KAFKA_BROKERS), leases in a private Redis (or REDIS_ADDR)
+	@$(TESTENV) -cc=false -services redis -- sh -c 'cd examples && exec $(GO) run ./kafka'
 
 .PHONY: example-sqs
-example-sqs: bin/goaws ## Run the SQS example against a local goaws (started and stopped here) and local Redis
-	@dir=$$(mktemp -d); \
-	printf 'Local:\n  Host: 127.0.0.1\n  Port: $(GOAWS_PORT)\n  Region: us-east-1\n  AccountId: "000000000000"\n  LogToFile: false\n  EnableDuplicates: false\n  QueueAttributeDefaults:\n    VisibilityTimeout: 30\n  Queues: []\n  Topics: []\n' > $$dir/goaws.yaml; \
-	(cd $$dir && exec $(CURDIR)/bin/goaws -config $$dir/goaws.yaml > $$dir/goaws.log 2>&1) & pid=$$!; \
-	trap 'kill $$pid 2>/dev/null; rm -rf $$dir' EXIT; sleep 1; \
-	cd examples && SQS_ENDPOINT=http://127.0.0.1:$(GOAWS_PORT) $(GO) run ./sqs
+example-sqs: bin/testenv ## Run the SQS example against a private goaws (or SQS_ENDPOINT) and a private Redis (or REDIS_ADDR)
+	@$(TESTENV) -cc=false -services redis,sqs -- sh -c 'cd examples && exec $(GO) run ./sqs'
 
 STORE ?= redis
 
@@ -69,8 +62,8 @@ TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/o
 TEST_JOBS    ?= 3
 
 .PHONY: test
-test: bin/goaws bin/dynalite ## Run every test with the race detector (needs Redis, Postgres, MariaDB, RabbitMQ, NATS and Node.js: see .ci/run)
-	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) -O $(addprefix test/,$(TEST_MODULES))
+test: bin/testenv ## Run every test with the race detector, against private servers it installs and starts (docs/development.md)
+	@$(TESTENV) -- $(MAKE) --no-print-directory -k -j$(TEST_JOBS) -O $(addprefix test/,$(TEST_MODULES))
 
 # Not .PHONY: make applies no pattern rule to a phony target. No file is
 # named so.
@@ -81,40 +74,40 @@ test/%:
 	cd $* && $(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: test-stress
-test-stress: bin/goaws bin/dynalite ## Run the storm and fault tests 3 times while CPU hogs load every core (HOGS, STRESS_RUNS)
-	GO=$(GO) TEST_FLAGS="$(TEST_FLAGS)" .ci/stress
+test-stress: bin/testenv ## Run the storm and fault tests 3 times while CPU hogs load every core, against private servers (HOGS, STRESS_RUNS)
+	@$(TESTENV) -- env GO=$(GO) TEST_FLAGS="$(TEST_FLAGS)" .ci/stress
 
 .PHONY: bench
 bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-wake ## Run every benchmark and print it against its baselines
 
+# The benchmarks run against private servers, as the tests do, unless you
+# name yours (TEST_DATABASE_URL, MYSQL_DSN, DYNAMODB_ENDPOINT, REDIS_ADDR).
+BENCH_ENV = $(TESTENV) -cc=false -services
+
 .PHONY: bench-postgres
-bench-postgres: ## Benchmark the Postgres store against pgbench running its statements (TEST_DATABASE_URL)
+bench-postgres: bin/testenv ## Benchmark the Postgres store against pgbench running its statements (private Postgres, or TEST_DATABASE_URL)
 	@mkdir -p $(BENCH_DIR)
-	cd benchmarks && $(GO) run ./pgbench -url $${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} | tee ../$(BENCH_DIR)/postgres.txt
+	@$(BENCH_ENV) postgres -- sh -c 'cd benchmarks && $(GO) run ./pgbench -url "$$TEST_DATABASE_URL"' | tee $(BENCH_DIR)/postgres.txt
 
 .PHONY: bench-mysql
-bench-mysql: ## Benchmark the MySQL store against its own statements run raw through the same driver (MYSQL_DSN)
+bench-mysql: bin/testenv ## Benchmark the MySQL store against its own statements run raw through the same driver (private MariaDB, or MYSQL_DSN)
 	@mkdir -p $(BENCH_DIR)
-	cd benchmarks && $(GO) run ./mysqlbench -dsn "$${MYSQL_DSN:-root@tcp(127.0.0.1:3306)/test}" | tee ../$(BENCH_DIR)/mysql.txt
-
-DYNALITE_PORT ?= 4567
+	@$(BENCH_ENV) mariadb -- sh -c 'cd benchmarks && $(GO) run ./mysqlbench -dsn "$$MYSQL_DSN"' | tee $(BENCH_DIR)/mysql.txt
 
 .PHONY: bench-dynamo
-bench-dynamo: bin/dynalite ## Benchmark the DynamoDB store against raw conditional PutItems, on a local dynalite (started and stopped here)
+bench-dynamo: bin/testenv ## Benchmark the DynamoDB store against raw conditional PutItems (private dynalite, or DYNAMODB_ENDPOINT)
 	@mkdir -p $(BENCH_DIR)
-	@bin/dynalite --host 127.0.0.1 --port $(DYNALITE_PORT) --createTableMs 0 > /dev/null 2>&1 & pid=$$!; \
-	trap 'kill $$pid 2>/dev/null' EXIT; sleep 1; \
-	cd benchmarks && $(GO) run ./dynamobench -endpoint http://127.0.0.1:$(DYNALITE_PORT) | tee ../$(BENCH_DIR)/dynamo.txt
+	@$(BENCH_ENV) dynamodb -- sh -c 'cd benchmarks && $(GO) run ./dynamobench -endpoint "$$DYNAMODB_ENDPOINT"' | tee $(BENCH_DIR)/dynamo.txt
 
 .PHONY: bench-wake
-bench-wake: ## Time from a holder's completion to its waiting duplicate's ack, polled and watched, on Redis and Postgres (REDIS_ADDR, TEST_DATABASE_URL)
+bench-wake: bin/testenv ## Time from a holder's completion to its waiting duplicate's ack, polled and watched, on Redis and Postgres (private, or REDIS_ADDR, TEST_DATABASE_URL)
 	@mkdir -p $(BENCH_DIR)
-	cd benchmarks && $(GO) run ./wakebench -redis $${REDIS_ADDR:-127.0.0.1:6379} -pg $${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} | tee ../$(BENCH_DIR)/wake.txt
+	@$(BENCH_ENV) redis,postgres -- sh -c 'cd benchmarks && $(GO) run ./wakebench -redis "$$REDIS_ADDR" -pg "$$TEST_DATABASE_URL"' | tee $(BENCH_DIR)/wake.txt
 
 .PHONY: bench-redis
-bench-redis: ## Benchmark the Redis store against redis-benchmark and redislock (REDIS_ADDR)
+bench-redis: bin/testenv ## Benchmark the Redis store against redis-benchmark and redislock (private Redis, or REDIS_ADDR)
 	@mkdir -p $(BENCH_DIR)
-	cd benchmarks && $(GO) run ./redisbench -addr $${REDIS_ADDR:-127.0.0.1:6379} | tee ../$(BENCH_DIR)/redis.txt
+	@$(BENCH_ENV) redis -- sh -c 'cd benchmarks && $(GO) run ./redisbench -addr "$$REDIS_ADDR"' | tee $(BENCH_DIR)/redis.txt
 
 .PHONY: bench-core
 bench-core: ## Benchmark the middleware on the in-memory store against Watermill's Deduplicator, and the OpenTelemetry observer against it
@@ -123,15 +116,15 @@ bench-core: ## Benchmark the middleware on the in-memory store against Watermill
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./keyfunc/ | tee $(BENCH_DIR)/keyfunc.txt
 	cd contrib/otel && $(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) . | tee ../../$(BENCH_DIR)/otel.txt
 	@echo; echo "== middleware per message, against Watermill's Deduplicator (base) and no middleware"
-	cd tools && $(GO) tool benchstat -col '/mw@(deduplicator idempotency none)' ../$(BENCH_DIR)/middleware.txt
+	cd tools && GOWORK=off $(GO) tool benchstat -col '/mw@(deduplicator idempotency none)' ../$(BENCH_DIR)/middleware.txt
 	@echo; echo "== the OpenTelemetry observer and instrumented store, against the plain middleware (base)"
-	cd tools && $(GO) tool benchstat -col '/mw@(idempotency otel otel+store)' ../$(BENCH_DIR)/otel.txt
+	cd tools && GOWORK=off $(GO) tool benchstat -col '/mw@(idempotency otel otel+store)' ../$(BENCH_DIR)/otel.txt
 	@echo; echo "== key extraction"
-	cd tools && $(GO) tool benchstat ../$(BENCH_DIR)/keyfunc.txt
+	cd tools && GOWORK=off $(GO) tool benchstat ../$(BENCH_DIR)/keyfunc.txt
 
 .PHONY: lint
-lint: ## Check formatting, go vet and that go.mod files are tidy
+lint: ## Check formatting and go vet in every module (tidiness without the workspace: make release-check)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	@for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(GO) mod tidy -diff) || exit 1; done
-	@for m in $(TOOL_MODS); do (cd $$m && $(GO) mod tidy -diff) || exit 1; done
+	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
+	@for m in $(TOOL_MODS); do (cd $$m && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) mod tidy -diff) || exit 1; done
 	@echo "lint ok"

@@ -10,9 +10,9 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/watermill-idempotency/idempotency v0.0.0
-	github.com/watermill-idempotency/idempotency/backends/dynamostore v0.0.0
-	github.com/watermill-idempotency/idempotency/backends/mysqlstore v0.0.0
+	github.com/watermill-idempotency/idempotency v0.1.0
+	github.com/watermill-idempotency/idempotency/backends/dynamostore v0.1.0
+	github.com/watermill-idempotency/idempotency/backends/mysqlstore v0.1.0
 )
 
 require (
@@ -38,9 +38,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/watermill-idempotency/idempotency => ../
-
-replace github.com/watermill-idempotency/idempotency/backends/dynamostore => ../backends/dynamostore
-
-replace github.com/watermill-idempotency/idempotency/backends/mysqlstore => ../backends/mysqlstore

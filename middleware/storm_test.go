@@ -5,20 +5,20 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/memstore"
-	"github.com/watermill-idempotency/idempotency/internal/fleet"
+	"github.com/watermill-idempotency/idempotency/backends/storetest"
 )
 
 // Storms on the in-memory store: eight routers, as eight service instances
 // would be, receive three copies of every key at once and share one store.
 // Every key's effect is applied exactly once through a fenced sink, and
 // no delivery is acked before its key's effect was applied (see
-// fleet.Report.Check). The leases are the default 30 seconds, so the
+// storetest.Report.Check). The leases are the default 30 seconds, so the
 // promise's condition (no pause longer than the 3-second margin) holds
 // even on a loaded machine.
 
 func TestStormMemstore(t *testing.T) {
 	store := memstore.New(memstore.Options{})
-	fleet.Storm{
+	storetest.Storm{
 		Instances: 8, Keys: 2000, Copies: 3,
 		Store: func(testing.TB, int) backends.Store { return store },
 	}.Run(t).Check(t)
@@ -30,7 +30,7 @@ func TestStormMemstore(t *testing.T) {
 // retried, and the promise holds.
 func TestStormMemstoreFlakyStore(t *testing.T) {
 	store := memstore.New(memstore.Options{})
-	fleet.Storm{
+	storetest.Storm{
 		Instances: 8, Keys: 2000, Copies: 3, Flaky: 0.05,
 		Store: func(testing.TB, int) backends.Store { return store },
 	}.Run(t).Check(t)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,16 +17,25 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/dynamostore"
 	"github.com/watermill-idempotency/idempotency/backends/storetest"
-	"github.com/watermill-idempotency/idempotency/internal/fleet"
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
 )
 
-// server is one dynalite for the test and the client options to reach it.
+// server is the DynamoDB the tests share, and the client options to reach
+// it.
 type server struct {
 	url string
 }
 
-func startServer(t testing.TB) server { return server{url: testserver.StartDynalite(t)} }
+// startServer returns the DynamoDB at $DYNAMODB_ENDPOINT: `make test`
+// starts a private dynalite and sets it. A test without it fails.
+func startServer(t testing.TB) server {
+	t.Helper()
+	url := os.Getenv("DYNAMODB_ENDPOINT")
+	if url == "" {
+		t.Fatal("DYNAMODB_ENDPOINT is not set. Run the tests with `make test`, which starts a private dynalite " +
+			"and sets it, or set it to a DynamoDB endpoint the tests may create tables on")
+	}
+	return server{url: url}
+}
 
 // client returns a client of the server, through transport if it is not
 // nil.
@@ -50,13 +60,23 @@ var staticCredentials = aws.CredentialsProviderFunc(func(context.Context) (aws.C
 var tableSeq atomic.Int64
 
 // newStore returns a store on a table of its own, created with the store's
-// own helper.
+// own helper and deleted when the test ends. The table's name holds the
+// run's id ($IDEM_TEST_RUN) and the process's, as other test processes
+// share the server.
 func newStore(t testing.TB, api dynamostore.API, opts dynamostore.Options) *dynamostore.Store {
 	t.Helper()
-	opts.Table = fmt.Sprintf("idem_test_%d", tableSeq.Add(1))
+	opts.Table = fmt.Sprintf("idem_test_%s_%d_%d", os.Getenv("IDEM_TEST_RUN"), os.Getpid(), tableSeq.Add(1))
 	s, err := dynamostore.New(api, opts)
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(context.Background(), dynamostore.TableOptions{NoTTL: true}))
+	deleter, ok := api.(interface {
+		DeleteTable(context.Context, *dynamodb.DeleteTableInput, ...func(*dynamodb.Options)) (*dynamodb.DeleteTableOutput, error)
+	})
+	require.True(t, ok, "newStore needs an API that can delete its table")
+	t.Cleanup(func() {
+		_, err := deleter.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(opts.Table)})
+		require.NoError(t, err)
+	})
 	return s
 }
 
@@ -173,11 +193,17 @@ func TestNewValidates(t *testing.T) {
 	require.Negative(t, s.Options().ClockSkew, "negative: none, and kept so, so that the options make the same store again")
 }
 
-// The tests' context and acquisition.
-var (
-	ctx     = fleet.Ctx
-	acquire = fleet.Acquire
-)
+// ctx is the tests' context: it ends with the test.
+func ctx(t testing.TB) context.Context { return t.Context() }
+
+// acquire asks s for key on behalf of owner, with a lease of ttl and an
+// hour's retention, and fails the test on an error.
+func acquire(t testing.TB, s backends.Store, key, owner string, ttl time.Duration) backends.AcquireResult {
+	t.Helper()
+	res, err := s.Acquire(t.Context(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: ttl, Retention: time.Hour})
+	require.NoError(t, err, "acquire %q", key)
+	return res
+}
 
 // Two processes whose clocks are 900 ms apart share a table with the
 // default skew margin of 1 s: the one whose clock runs ahead never takes

@@ -13,17 +13,17 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/dynamostore"
-	"github.com/watermill-idempotency/idempotency/internal/fleet"
+	"github.com/watermill-idempotency/idempotency/backends/storetest"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
-// The acquisition race of every store (fleet.Race): 32 goroutines, each
+// The acquisition race of every store (storetest.Race): 32 goroutines, each
 // with its own client, on 4 keys.
 func TestAcquireStorm32(t *testing.T) {
 	t.Parallel()
 	sv := startServer(t)
 	opts := newStore(t, sv.client(nil), dynamostore.Options{ClockSkew: skew}).Options()
-	fleet.Race{Racers: 32, Keys: 4, Wins: 120, LeaseTTL: time.Second,
+	storetest.Race{Racers: 32, Keys: 4, Wins: 120, LeaseTTL: time.Second,
 		Store: func(t testing.TB, _ int) backends.Store {
 			s, err := dynamostore.New(sv.client(&http.Transport{}), opts)
 			require.NoError(t, err)
@@ -38,7 +38,7 @@ func TestStormDynamo(t *testing.T) {
 	t.Parallel()
 	sv := startServer(t)
 	opts := newStore(t, sv.client(nil), dynamostore.Options{}).Options()
-	fleet.Storm{
+	storetest.Storm{
 		Instances: 8, Keys: 300, Copies: 3,
 		Store: func(t testing.TB, _ int) backends.Store {
 			s, err := dynamostore.New(sv.client(&http.Transport{}), opts)
@@ -55,7 +55,7 @@ func TestStormDynamoFlaky(t *testing.T) {
 	t.Parallel()
 	sv := startServer(t)
 	opts := newStore(t, sv.client(nil), dynamostore.Options{}).Options()
-	fleet.Storm{
+	storetest.Storm{
 		Instances: 8, Keys: 200, Copies: 3, Flaky: 0.1,
 		Store: func(t testing.TB, _ int) backends.Store {
 			s, err := dynamostore.New(sv.client(&http.Transport{}), opts)
@@ -73,7 +73,7 @@ func TestMissingTableIsRejected(t *testing.T) {
 	sv := startServer(t)
 	s, err := dynamostore.New(sv.client(nil), dynamostore.Options{Table: "never_created"})
 	require.NoError(t, err)
-	fleet.CheckRejected(t, s, "ResourceNotFoundException")
+	storetest.CheckRejected(t, s, "ResourceNotFoundException")
 }
 
 // The largest record the store promises fits DynamoDB's 400 KB item: the

@@ -6,7 +6,7 @@ require (
 	github.com/ThreeDotsLabs/watermill v1.5.3
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/stretchr/testify v1.12.1
-	github.com/watermill-idempotency/idempotency v0.0.0
+	github.com/watermill-idempotency/idempotency v0.1.0
 )
 
 require (
@@ -30,5 +30,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/watermill-idempotency/idempotency => ../..

@@ -4,13 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
 )
 
 // MySQL refuses lock names over 64 characters; a qualified table name
@@ -31,7 +30,11 @@ func TestMigrateLockNameFits(t *testing.T) {
 // with its database waits for the same lock.
 func TestMigrateLockHeldElsewhere(t *testing.T) {
 	t.Parallel()
-	db, err := sql.Open("mysql", testserver.Env("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test"))
+	dsn := os.Getenv("MYSQL_DSN")
+	if dsn == "" {
+		t.Fatal("MYSQL_DSN is not set: run the tests with `make test`")
+	}
+	db, err := sql.Open("mysql", dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	table := fmt.Sprintf("idem_locked_%d", time.Now().UnixNano()%1e9)

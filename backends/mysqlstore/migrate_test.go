@@ -60,7 +60,7 @@ func TestMigrateConcurrentlyAndTwice(t *testing.T) {
 func TestMigrateLongTableName(t *testing.T) {
 	t.Parallel()
 	db := openDB(t, 2, nil)
-	cfg, err := mysql.ParseDSN(dsn())
+	cfg, err := mysql.ParseDSN(dsn(t))
 	require.NoError(t, err)
 	require.NotEmpty(t, cfg.DBName, "MYSQL_DSN names a database")
 	stamp := fmt.Sprintf("%d", time.Now().UnixNano()%1e9)

@@ -18,8 +18,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	"github.com/watermill-idempotency/idempotency/internal/cleaner"
-	"github.com/watermill-idempotency/idempotency/internal/sqlschema"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 var (
@@ -222,7 +221,7 @@ func (s *Store) Statements() (acquire, complete string) {
 // Schema returns the SQL that Migrate runs, for an external migration
 // tool.
 func (s *Store) Schema() string {
-	return strings.TrimRight(sqlschema.WithoutSnippetMarks(s.sql.schema), "\n") + ";\n"
+	return strings.TrimRight(s.sql.schema, "\n") + ";\n"
 }
 
 // Migrate creates the table if it does not exist. It is idempotent and
@@ -676,5 +675,5 @@ func (s *Store) Cleanup(ctx context.Context, batch int) (int64, error) {
 // stop it. Errors from Cleanup are passed to onError (which may be nil)
 // and do not stop the cleaner.
 func (s *Store) RunCleaner(ctx context.Context, interval time.Duration, batch int, onError func(error)) error {
-	return cleaner.Run(ctx, interval, batch, onError, s.Cleanup)
+	return storekit.RunCleaner(ctx, interval, batch, onError, s.Cleanup)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,20 +16,27 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
 	"github.com/watermill-idempotency/idempotency/backends/storetest"
-	"github.com/watermill-idempotency/idempotency/internal/fleet"
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
 )
 
-// dsn is the test database: MYSQL_DSN, or the local MariaDB's test
-// database as root.
-func dsn() string { return testserver.Env("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test") }
+// dsn is the test database, $MYSQL_DSN: `make test` starts a private
+// MariaDB and sets it. A test without it fails; it never falls back to a
+// server on the default port, which may be one the user runs.
+func dsn(t testing.TB) string {
+	t.Helper()
+	v := os.Getenv("MYSQL_DSN")
+	if v == "" {
+		t.Fatal("MYSQL_DSN is not set. Run the tests with `make test`, which starts a private MariaDB and sets it, " +
+			"or set it to a database the tests may write to")
+	}
+	return v
+}
 
 // openDB connects to the test database with params added to the DSN
 // (such as time_zone), at most maxConns connections; a missing server
 // fails the test.
 func openDB(t testing.TB, maxConns int, params map[string]string) *sql.DB {
 	t.Helper()
-	cfg, err := mysql.ParseDSN(dsn())
+	cfg, err := mysql.ParseDSN(dsn(t))
 	require.NoError(t, err)
 	if cfg.Params == nil {
 		cfg.Params = map[string]string{}
@@ -42,7 +50,7 @@ func openDB(t testing.TB, maxConns int, params map[string]string) *sql.DB {
 	t.Cleanup(func() { _ = db.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	require.NoError(t, db.PingContext(ctx), "MariaDB or MySQL at MYSQL_DSN (%s)", dsn())
+	require.NoError(t, db.PingContext(ctx), "MariaDB or MySQL at MYSQL_DSN (%s)", dsn(t))
 	return db
 }
 
@@ -88,11 +96,17 @@ func TestConformanceWithoutReturning(t *testing.T) {
 	})
 }
 
-// The tests' context and acquisition.
-var (
-	ctx     = fleet.Ctx
-	acquire = fleet.Acquire
-)
+// ctx is the tests' context: it ends with the test.
+func ctx(t testing.TB) context.Context { return t.Context() }
+
+// acquire asks s for key on behalf of owner, with a lease of ttl and an
+// hour's retention, and fails the test on an error.
+func acquire(t testing.TB, s backends.Store, key, owner string, ttl time.Duration) backends.AcquireResult {
+	t.Helper()
+	res, err := s.Acquire(t.Context(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: ttl, Retention: time.Hour})
+	require.NoError(t, err, "acquire %q", key)
+	return res
+}
 
 // Keys are bytes: under a case-insensitive collation `order-A`,
 // `ORDER-a` and `order-a ` (a trailing space) would be one key.
@@ -160,7 +174,7 @@ func TestLockWaitIsRetried(t *testing.T) {
 
 func TestNewValidates(t *testing.T) {
 	t.Parallel()
-	db, err := sql.Open("mysql", dsn())
+	db, err := sql.Open("mysql", dsn(t))
 	require.NoError(t, err)
 	defer db.Close()
 	_, err = mysqlstore.New(nil, mysqlstore.Options{})

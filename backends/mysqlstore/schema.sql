@@ -2,7 +2,7 @@
 -- Times are Unix microseconds by the server's clock, in UTC whatever the
 -- session's time zone. Keys and owners are bytes: no collation folds
 -- 'order-A' into 'ORDER-a'.
--- snippet:schema
+{{/* snippet:schema */ -}}
 CREATE TABLE IF NOT EXISTS {{.Table}} (
     `key`            VARBINARY(2048) NOT NULL,
     state            TINYINT         NOT NULL,           -- 1 in progress, 2 released, 3 completed
@@ -19,4 +19,4 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     PRIMARY KEY (`key`),
     INDEX {{.Index}} (forget_us)                         -- cleanup deletes the oldest forgotten first
 ) ENGINE = InnoDB
--- end snippet
+{{- /* end snippet */}}

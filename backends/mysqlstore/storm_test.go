@@ -12,15 +12,15 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
-	"github.com/watermill-idempotency/idempotency/internal/fleet"
+	"github.com/watermill-idempotency/idempotency/backends/storetest"
 )
 
-// The acquisition race of every store (fleet.Race): 32 goroutines, each
+// The acquisition race of every store (storetest.Race): 32 goroutines, each
 // with its own connection pool, on 4 keys.
 func TestAcquireRace32(t *testing.T) {
 	t.Parallel()
 	opts := newStore(t, openDB(t, 2, nil), mysqlstore.Options{}).Options()
-	fleet.Race{Racers: 32, Keys: 4, Wins: 120, LeaseTTL: time.Second,
+	storetest.Race{Racers: 32, Keys: 4, Wins: 120, LeaseTTL: time.Second,
 		Store: func(t testing.TB, _ int) backends.Store {
 			s, err := mysqlstore.New(openDB(t, 2, nil), opts)
 			require.NoError(t, err)
@@ -34,7 +34,7 @@ func TestAcquireRace32(t *testing.T) {
 func TestStormMariaDB(t *testing.T) {
 	t.Parallel()
 	opts := newStore(t, openDB(t, 2, nil), mysqlstore.Options{}).Options()
-	fleet.Storm{
+	storetest.Storm{
 		Instances: 8, Keys: 2000, Copies: 3,
 		Store: func(t testing.TB, _ int) backends.Store {
 			s, err := mysqlstore.New(openDB(t, 8, nil), opts)
@@ -45,13 +45,13 @@ func TestStormMariaDB(t *testing.T) {
 }
 
 // newTable creates a business table in MariaDB that checks fencing
-// tokens (fleet.Table).
-func newTable(t *testing.T, db *sql.DB) (*fleet.Table, string) {
+// tokens (storetest.Table).
+func newTable(t *testing.T, db *sql.DB) (*storetest.Table, string) {
 	name := fmt.Sprintf("effects_%d", time.Now().UnixNano()%1e9)
 	_, err := db.Exec("CREATE TABLE `" + name + "` (`key` VARBINARY(255) PRIMARY KEY, token BIGINT NOT NULL, applied INT NOT NULL) ENGINE = InnoDB")
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS `" + name + "`") })
-	return &fleet.Table{Read: func(key string) (map[string]int, error) {
+	return &storetest.Table{Read: func(key string) (map[string]int, error) {
 		rows, err := db.Query("SELECT `key`, applied FROM `"+name+"` WHERE ? = '' OR `key` = ?", []byte(key), []byte(key))
 		if err != nil {
 			return nil, err
@@ -70,7 +70,7 @@ func newTable(t *testing.T, db *sql.DB) (*fleet.Table, string) {
 	}}, name
 }
 
-// Exactly-once effects under a storm (fleet.TxStorm), each instance with
+// Exactly-once effects under a storm (storetest.TxStorm), each instance with
 // its own store pool and business pool of 4 connections: each handler
 // writes its key's effect and completes the key in one transaction
 // (CompleteTx); the write refuses a stale token. applied is assigned
@@ -80,7 +80,7 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 	base := openDB(t, 4, nil)
 	opts := newStore(t, base, mysqlstore.Options{}).Options()
 	table, name := newTable(t, base)
-	fleet.TxStorm{
+	storetest.TxStorm{
 		Table: table,
 		Store: func(t testing.TB, _ int) backends.Store {
 			s, err := mysqlstore.New(openDB(t, 4, nil), opts)
@@ -125,14 +125,14 @@ func TestMissingTableIsRejected(t *testing.T) {
 	t.Parallel()
 	s, err := mysqlstore.New(openDB(t, 2, nil), mysqlstore.Options{Table: "never_migrated"})
 	require.NoError(t, err)
-	fleet.CheckRejected(t, s, "1146")
+	storetest.CheckRejected(t, s, "1146")
 }
 
 func TestCleanup(t *testing.T) {
 	t.Parallel()
 	db := openDB(t, 4, nil)
 	s := newStore(t, db, mysqlstore.Options{})
-	fleet.CheckCleanup(t, s, func() (n int) {
+	storetest.CheckCleanup(t, s, func() (n int) {
 		require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM `"+s.Options().Table+"`").Scan(&n))
 		return n
 	})

@@ -12,7 +12,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
-	"github.com/watermill-idempotency/idempotency/internal/fleet"
+	"github.com/watermill-idempotency/idempotency/backends/storetest"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 )
 
@@ -29,7 +29,7 @@ func acquire(t *testing.T, s backends.Store, key, owner string) backends.Acquire
 func TestBackendTerminatedMidAcquire(t *testing.T) {
 	pool := testserver.PostgresPool(t)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testserver.PostgresURL())
+	conn, err := pgx.Connect(ctx, testserver.PostgresURL(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 
@@ -126,7 +126,7 @@ func TestConcurrentMigrate(t *testing.T) {
 	errs := make(chan error, 8)
 	for range 8 {
 		go func() {
-			p, err := pgxpool.New(context.Background(), testserver.PostgresURL())
+			p, err := pgxpool.New(context.Background(), testserver.PostgresURL(t))
 			if err != nil {
 				errs <- err
 				return
@@ -151,7 +151,7 @@ func TestConcurrentMigrate(t *testing.T) {
 func TestCleanup(t *testing.T) {
 	pool := testserver.PostgresPool(t)
 	s := newStore(t, pool, pgstore.Options{})
-	fleet.CheckCleanup(t, s, func() (n int) {
+	storetest.CheckCleanup(t, s, func() (n int) {
 		require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+
 			pgx.Identifier{s.Options().Schema, s.Options().Table}.Sanitize()).Scan(&n))
 		return n
@@ -182,7 +182,7 @@ func TestNewValidates(t *testing.T) {
 // The store reports the pool's MaxConns, or 1 for a single connection, so
 // the middleware can keep half of the pool for lease keeping.
 func TestPoolSize(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig(testserver.PostgresURL())
+	cfg, err := pgxpool.ParseConfig(testserver.PostgresURL(t))
 	require.NoError(t, err)
 	cfg.MaxConns = 6
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -192,7 +192,7 @@ func TestPoolSize(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 6, s.PoolSize())
 
-	conn, err := pgx.Connect(context.Background(), testserver.PostgresURL())
+	conn, err := pgx.Connect(context.Background(), testserver.PostgresURL(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	s, err = pgstore.New(conn, pgstore.Options{})

@@ -15,8 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	"github.com/watermill-idempotency/idempotency/internal/cleaner"
-	"github.com/watermill-idempotency/idempotency/internal/sqlschema"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 var (
@@ -207,7 +206,7 @@ func (s *Store) Statements() (acquire, complete string) { return s.sql.acquire, 
 // index, each created if it does not exist, and the waited column added
 // to a table created without it. Give it to an external migration tool
 // instead of calling Migrate.
-func (s *Store) Schema() string { return sqlschema.WithoutSnippetMarks(s.sql.schema) }
+func (s *Store) Schema() string { return s.sql.schema }
 
 // Options returns the store's options with defaults applied.
 func (s *Store) Options() Options { return s.opts }
@@ -471,7 +470,7 @@ func (s *Store) Cleanup(ctx context.Context, batch int) (int64, error) {
 // stop it. Errors from Cleanup are passed to onError (which may be nil)
 // and do not stop the cleaner.
 func (s *Store) RunCleaner(ctx context.Context, interval time.Duration, batch int, onError func(error)) error {
-	return cleaner.Run(ctx, interval, batch, onError, s.Cleanup)
+	return storekit.RunCleaner(ctx, interval, batch, onError, s.Cleanup)
 }
 
 // quoteLiteral quotes s as an SQL string literal.

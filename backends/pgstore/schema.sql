@@ -4,7 +4,7 @@ statement is idempotent. */ -}}
 -- The idempotency middleware's records (backends/pgstore). Idempotent.
 CREATE SCHEMA IF NOT EXISTS {{.Schema}};
 
--- snippet:schema
+{{/* snippet:schema */ -}}
 CREATE {{.Unlogged}} TABLE IF NOT EXISTS {{.Table}} (
     key              bytea       PRIMARY KEY,
     state            smallint    NOT NULL,           -- 1 in progress, 2 released, 3 completed
@@ -20,7 +20,7 @@ CREATE {{.Unlogged}} TABLE IF NOT EXISTS {{.Table}} (
     output           bytea,
     waited           boolean     NOT NULL DEFAULT false -- a watch waits for the key: its next change notifies
 ) WITH (fillfactor = 80);                            -- room for HOT updates of lease renewals
--- end snippet
+{{- /* end snippet */}}
 
 -- Tables created before the waited column get it; adding a column with a
 -- constant default rewrites nothing.

@@ -10,14 +10,14 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
-	"github.com/watermill-idempotency/idempotency/internal/fleet"
+	"github.com/watermill-idempotency/idempotency/backends/storetest"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 )
 
 // pool connects to the test database with at most maxConns connections.
 func pool(t testing.TB, maxConns int) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testserver.PostgresURL())
+	cfg, err := pgxpool.ParseConfig(testserver.PostgresURL(t))
 	require.NoError(t, err)
 	cfg.MaxConns = int32(maxConns)
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -30,10 +30,10 @@ func pool(t testing.TB, maxConns int) *pgxpool.Pool {
 // its own pool of 8 connections for the store (so acquisitions take at
 // most 4 by default), three copies of each of 2,000 keys at once, the
 // default configuration, effects through a fenced sink
-// (fleet.Report.Check).
+// (storetest.Report.Check).
 func TestStormPostgres(t *testing.T) {
 	opts := newStore(t, testserver.PostgresPool(t), pgstore.Options{}).Options()
-	fleet.Storm{
+	storetest.Storm{
 		Instances: 8, Keys: 2000, Copies: 3,
 		Store: func(t testing.TB, _ int) backends.Store {
 			s, err := pgstore.New(pool(t, 8), opts)
@@ -45,12 +45,12 @@ func TestStormPostgres(t *testing.T) {
 }
 
 // newTable creates a business table in Postgres that checks fencing
-// tokens (fleet.Table) in schema.
-func newTable(t *testing.T, p *pgxpool.Pool, schema string) (*fleet.Table, string) {
+// tokens (storetest.Table) in schema.
+func newTable(t *testing.T, p *pgxpool.Pool, schema string) (*storetest.Table, string) {
 	name := schema + ".effects"
 	_, err := p.Exec(context.Background(), `CREATE TABLE `+name+` (key text PRIMARY KEY, token bigint NOT NULL, applied int NOT NULL)`)
 	require.NoError(t, err)
-	return &fleet.Table{Read: func(key string) (map[string]int, error) {
+	return &storetest.Table{Read: func(key string) (map[string]int, error) {
 		rows, err := p.Query(context.Background(), `SELECT key, applied FROM `+name+` WHERE $1 = '' OR key = $1`, key)
 		if err != nil {
 			return nil, err
@@ -66,7 +66,7 @@ func newTable(t *testing.T, p *pgxpool.Pool, schema string) (*fleet.Table, strin
 	}}, name
 }
 
-// Exactly-once effects under a storm (fleet.TxStorm), each instance with
+// Exactly-once effects under a storm (storetest.TxStorm), each instance with
 // its own store pool and business pool of 4 connections: each handler
 // writes its key's effect and completes the key in one transaction
 // (CompleteTx); the write refuses a stale token.
@@ -74,7 +74,7 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 	base := testserver.PostgresPool(t)
 	opts := newStore(t, base, pgstore.Options{}).Options()
 	table, name := newTable(t, base, opts.Schema)
-	fleet.TxStorm{
+	storetest.TxStorm{
 		Table: table,
 		Store: func(t testing.TB, _ int) backends.Store {
 			s, err := pgstore.New(pool(t, 4), opts)
@@ -117,5 +117,5 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 func TestMissingTableIsRejected(t *testing.T) {
 	s, err := pgstore.New(testserver.PostgresPool(t), pgstore.Options{Schema: "pgstore_never_migrated"})
 	require.NoError(t, err)
-	fleet.CheckRejected(t, s, "42P01")
+	storetest.CheckRejected(t, s, "42P01")
 }

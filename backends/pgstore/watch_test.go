@@ -69,7 +69,7 @@ func heldAndWatched(t *testing.T) (*pgxpool.Pool, *pgstore.Store, backends.Lease
 // channel.
 func listen(t *testing.T, s *pgstore.Store) *pgx.Conn {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), testserver.PostgresURL())
+	conn, err := pgx.Connect(context.Background(), testserver.PostgresURL(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	_, err = conn.Exec(context.Background(), `LISTEN `+pgx.Identifier{s.Channel()}.Sanitize())
@@ -222,7 +222,7 @@ func TestNotifyReadsMarkCommittedWhileCompletionWaited(t *testing.T) {
 	// the row's lock while the completion starts and waits for it.
 	_, err := pool.Exec(ctx, `UPDATE `+table(s)+` SET waited = false WHERE key = $1`, []byte("k"))
 	require.NoError(t, err)
-	conn, err := pgx.Connect(ctx, testserver.PostgresURL())
+	conn, err := pgx.Connect(ctx, testserver.PostgresURL(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	onConn, err := pgstore.New(conn, s.Options())
@@ -371,7 +371,7 @@ func TestWatchNotOKWithoutPool(t *testing.T) {
 	base := newStore(t, pool, pgstore.Options{})
 	acquire(t, base, "k", "holder")
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testserver.PostgresURL())
+	conn, err := pgx.Connect(ctx, testserver.PostgresURL(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	tx, err := pool.Begin(ctx)

@@ -214,8 +214,7 @@ func TestCoalescedHammer(t *testing.T) {
 // The same on a real three-master Redis Cluster: each master has its own
 // queue, and go-redis's cluster pipeline sends each call to its node.
 func TestCoalescedHammerCluster(t *testing.T) {
-	addrs := testserver.StartRedisCluster(t, 3)
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64})
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testserver.ClusterAddrs(t), PoolSize: 64})
 	t.Cleanup(func() { _ = client.Close() })
 	h := newPipes()
 	client.AddHook(h)

@@ -17,7 +17,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
-	"github.com/watermill-idempotency/idempotency/internal/fleet"
+	"github.com/watermill-idempotency/idempotency/backends/storetest"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -63,7 +63,7 @@ func TestRedisUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 // once); some handlers fail their first attempt. The configuration is the
 // default one. Every key's effect is applied exactly once through a fenced
 // sink, no delivery is acked before its key's effect, and completions are
-// recorded (fleet.Report.Check). make test-stress runs it with every core
+// recorded (storetest.Report.Check). make test-stress runs it with every core
 // loaded by CPU hogs; docs/reliability.md has the figures.
 func TestStormRedis(t *testing.T) {
 	redisStorm(t, testserver.RedisClient(t).Options().Addr)
@@ -73,7 +73,7 @@ func TestStormRedis(t *testing.T) {
 // own client and a pool of 10 connections, and checks its report.
 func redisStorm(t *testing.T, addr string) {
 	prefix := testserver.Unique("storm:")
-	fleet.Storm{
+	storetest.Storm{
 		Instances: 8, Keys: 2000, Copies: 3,
 		Store: func(t testing.TB, _ int) backends.Store {
 			client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 10})
@@ -89,7 +89,7 @@ func redisStorm(t *testing.T, addr string) {
 // Complete; a duplicate of completed work costs one.
 func TestHappyPathRoundTrips(t *testing.T) {
 	var calls atomic.Int64
-	store := fleet.Counted(newStore(t, testserver.RedisClient(t)), &calls)
+	store := storetest.Counted(newStore(t, testserver.RedisClient(t)), &calls)
 	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "rt"})
 	require.NoError(t, err)
 	h := idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
@@ -254,7 +254,7 @@ func TestWrongTypeIsRejected(t *testing.T) {
 	require.ErrorIs(t, err, backends.ErrRejected)
 
 	var calls atomic.Int64
-	store := fleet.Counted(s, &calls)
+	store := storetest.Counted(s, &calls)
 	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "t", MaxStoreBackoff: 10 * time.Millisecond})
 	require.NoError(t, err)
 	_, err = idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("k", nil))

@@ -23,4 +23,29 @@
 // Every test builds its keys from its own name and a random suffix, and the
 // tests run in parallel, so one shared server is enough: no cleanup between
 // tests is required.
+//
+// # Storms and races
+//
+// The conformance suite checks one call at a time and small races. The
+// promise itself is measured under load by [Storm]: several Watermill
+// routers, each with its own store as separate service instances have,
+// receive copies of the same keys at once and apply each key's effect
+// through a fenced [Sink], which refuses a fencing token below the highest
+// it applied for the key. [Report.Check] fails the test unless every key's
+// effect was applied exactly once and no delivery was acked before its
+// key's effect. [Race] races many clients for a few keys through the store
+// alone, with takeovers of abandoned leases.
+//
+//	func TestStorm(t *testing.T) {
+//		storetest.Storm{
+//			Instances: 8, Keys: 2000, Copies: 3,
+//			Store: func(t testing.TB, i int) backends.Store { return newMyStore(t) },
+//		}.Run(t).Check(t)
+//	}
+//
+// A SQL store that completes a key in the caller's transaction runs
+// [TxStorm], whose handlers write a fenced business [Table] and complete the
+// key in one transaction. [CheckCleanup] checks a store's cleanup job, and
+// [CheckRejected] what a store and the middleware do when the store's
+// server refuses a call (its table missing).
 package storetest

@@ -20,12 +20,13 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -104,38 +105,38 @@ type target struct {
 }
 
 func targets(t *testing.T) []target {
-	prefix := testserver.Unique("idem-e2e-")
+	prefix := unique("idem-e2e-")
 	schema := strings.NewReplacer("-", "_", ":", "").Replace(prefix)
-	pgURL := testserver.PostgresURL()
-	pool := testserver.PostgresPool(t)
+	pgURL := service(t, "TEST_DATABASE_URL")
+	pool, err := pgxpool.New(context.Background(), pgURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
-	cluster := testserver.StartRedisCluster(t, 3)
 	table, _ := mysqlTable(t)
 	return []target{
-		{"redis", []string{"IDEM_STORE=redis", "IDEM_REDIS_URL=redis://" + testserver.Env("REDIS_ADDR", "127.0.0.1:6379") + "/0", "IDEM_REDIS_PREFIX=" + prefix}, nil},
-		{"redis-cluster", []string{"IDEM_STORE=redis", "IDEM_REDIS_CLUSTER=" + strings.Join(cluster, ","), "IDEM_REDIS_PREFIX=" + prefix}, nil},
+		{"redis", []string{"IDEM_STORE=redis", "IDEM_REDIS_URL=redis://" + service(t, "REDIS_ADDR") + "/0", "IDEM_REDIS_PREFIX=" + prefix}, nil},
+		{"redis-cluster", []string{"IDEM_STORE=redis", "IDEM_REDIS_CLUSTER=" + service(t, "REDIS_CLUSTER_ADDRS"), "IDEM_REDIS_PREFIX=" + prefix}, nil},
 		{"postgres", []string{"IDEM_STORE=postgres", "IDEM_PG_URL=" + pgURL, "IDEM_PG_SCHEMA=" + schema}, []string{"pg", "migrate"}},
-		{"mysql", []string{"IDEM_STORE=mysql", "IDEM_MYSQL_DSN=" + mysqlDSN(), "IDEM_MYSQL_TABLE=" + table}, []string{"mysql", "migrate"}},
+		{"mysql", []string{"IDEM_STORE=mysql", "IDEM_MYSQL_DSN=" + mysqlDSN(t), "IDEM_MYSQL_TABLE=" + table}, []string{"mysql", "migrate"}},
 		// dynalite has no Time to Live.
 		{"dynamodb", dynamoEnv(t), []string{"dynamodb", "create-table", "--no-ttl"}},
 	}
 }
 
-// mysqlDSN is the test database: MYSQL_DSN, or the local MariaDB's test
-// database.
-func mysqlDSN() string { return testserver.Env("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test") }
+// mysqlDSN is the test database, $MYSQL_DSN.
+func mysqlDSN(t testing.TB) string { return service(t, "MYSQL_DSN") }
 
 // mysqlTable returns a table name of the test's own in the test database,
 // dropped when the test ends, and a connection to that database. It fails
 // the test if the database does not answer.
 func mysqlTable(t *testing.T) (string, *sql.DB) {
 	t.Helper()
-	db, err := sql.Open("mysql", mysqlDSN())
+	db, err := sql.Open("mysql", mysqlDSN(t))
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	require.NoError(t, db.PingContext(ctx), "MariaDB or MySQL at MYSQL_DSN (%s)", redactDSN(mysqlDSN()))
-	table := strings.NewReplacer("-", "_", ":", "").Replace(testserver.Unique("idem_e2e_"))
+	require.NoError(t, db.PingContext(ctx), "MariaDB or MySQL at MYSQL_DSN (%s)", redactDSN(mysqlDSN(t)))
+	table := strings.NewReplacer("-", "_", ":", "").Replace(unique("idem_e2e_"))
 	t.Cleanup(func() {
 		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+table+"`")
 		db.Close()
@@ -143,14 +144,22 @@ func mysqlTable(t *testing.T) (string, *sql.DB) {
 	return table, db
 }
 
-// dynamoEnv starts dynalite and returns the environment that points idem
-// at a table of the test's own on it, signed with the static credentials
-// emulators accept.
+// dynamoEnv returns the environment that points idem at a table of the
+// test's own on the DynamoDB at $DYNAMODB_ENDPOINT, signed with the static
+// credentials emulators accept. The table is deleted when the test ends.
 func dynamoEnv(t *testing.T) []string {
 	t.Helper()
-	table := strings.ReplaceAll(testserver.Unique("idem-e2e-"), ":", "")
+	endpoint := service(t, "DYNAMODB_ENDPOINT")
+	table := strings.ReplaceAll(unique("idem-e2e-"), ":", "")
+	t.Cleanup(func() {
+		client := dynamodb.New(dynamodb.Options{Region: "us-east-1", BaseEndpoint: aws.String(endpoint),
+			Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+				return aws.Credentials{AccessKeyID: "test", SecretAccessKey: "test"}, nil
+			})})
+		_, _ = client.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
+	})
 	return []string{
-		"IDEM_STORE=dynamodb", "IDEM_DYNAMO_ENDPOINT=" + testserver.StartDynalite(t), "IDEM_DYNAMO_TABLE=" + table,
+		"IDEM_STORE=dynamodb", "IDEM_DYNAMO_ENDPOINT=" + endpoint, "IDEM_DYNAMO_TABLE=" + table,
 		"AWS_REGION=us-east-1", "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test",
 	}
 }
@@ -480,7 +489,7 @@ func TestKeyWithoutStore(t *testing.T) {
 // Bad URLs, unreachable stores and a wrong table get clear errors, and
 // never a password.
 func TestIdemErrors(t *testing.T) {
-	dsn, err := mysql.ParseDSN(mysqlDSN())
+	dsn, err := mysql.ParseDSN(mysqlDSN(t))
 	require.NoError(t, err)
 	wrongPassword := *dsn
 	wrongPassword.Passwd = "s3cret"
@@ -503,18 +512,18 @@ func TestIdemErrors(t *testing.T) {
 		{"unreachable redis", []string{"IDEM_REDIS_URL=redis://127.0.0.1:1/0"}, []string{"inspect", "k"}, "Redis at 127.0.0.1:1 does not answer", ""},
 		{"bad postgres URL", []string{"IDEM_PG_URL=postgres://%zz"}, []string{"stats"}, "--pg-url", ""},
 		{"unreachable postgres", []string{"IDEM_PG_URL=postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, []string{"stats"}, "does not answer", ""},
-		{"wrong table", []string{"IDEM_PG_URL=" + testserver.PostgresURL(), "IDEM_PG_TABLE=no_such_table"}, []string{"stats"}, `has no table "public"."no_such_table"`, ""},
+		{"wrong table", []string{"IDEM_PG_URL=" + service(t, "TEST_DATABASE_URL"), "IDEM_PG_TABLE=no_such_table"}, []string{"stats"}, `has no table "public"."no_such_table"`, ""},
 		{"no mysql DSN", []string{"IDEM_STORE=mysql"}, []string{"stats"}, "--mysql-dsn (IDEM_MYSQL_DSN) is required", ""},
 		{"bad mysql DSN", []string{"IDEM_MYSQL_DSN=app:s3cret@tcp(127.0.0.1:3306"}, []string{"stats"}, `--mysql-dsn "app:xxxxx@tcp(127.0.0.1:3306": invalid DSN`, "s3cret"},
 		{"unreachable mysql", []string{"IDEM_MYSQL_DSN=app:s3cret@tcp(127.0.0.1:1)/test"}, []string{"stats"}, "MySQL at 127.0.0.1:1 does not answer", "s3cret"},
 		{"wrong mysql password", []string{"IDEM_MYSQL_DSN=" + wrongPassword.FormatDSN()}, []string{"stats"}, "MySQL at " + dsn.Addr + ": Error 1045", "s3cret"},
 		{"mysql DSN without a database", []string{"IDEM_MYSQL_DSN=" + noDatabase.FormatDSN()}, []string{"stats"}, "the DSN names no database", ""},
-		{"wrong mysql table", []string{"IDEM_MYSQL_DSN=" + mysqlDSN(), "IDEM_MYSQL_TABLE=no_such_table"}, []string{"stats"}, "has no table `" + dsn.DBName + "`.`no_such_table`: check --mysql-table and the DSN's database, or create it with `idem mysql migrate`", ""},
+		{"wrong mysql table", []string{"IDEM_MYSQL_DSN=" + mysqlDSN(t), "IDEM_MYSQL_TABLE=no_such_table"}, []string{"stats"}, "has no table `" + dsn.DBName + "`.`no_such_table`: check --mysql-table and the DSN's database, or create it with `idem mysql migrate`", ""},
 		{"wrong dynamodb table", dynamo("IDEM_DYNAMO_TABLE=no_such_table"), []string{"stats"}, "has no table no_such_table: check --dynamo-table and the region, or create it with `idem dynamodb create-table`", ""},
 		{"unreachable dynamodb", dynamo("IDEM_DYNAMO_ENDPOINT=http://127.0.0.1:1"), []string{"stats"}, "DynamoDB at http://127.0.0.1:1 does not answer", ""},
 		{"bad dynamodb endpoint", dynamo("IDEM_DYNAMO_ENDPOINT=ftp://x"), []string{"stats"}, `--dynamo-endpoint "ftp://x": want http://host:port`, ""},
 		{"no AWS region", append([]string{"IDEM_STORE=dynamodb"}, noAWS...), []string{"stats"}, "no AWS region for the dynamodb store: set AWS_REGION", ""},
-		{"two SQL stores", []string{"IDEM_PG_URL=" + testserver.PostgresURL(), "IDEM_MYSQL_DSN=" + mysqlDSN()}, []string{"stats"}, "choose the store with --store", ""},
+		{"two SQL stores", []string{"IDEM_PG_URL=" + service(t, "TEST_DATABASE_URL"), "IDEM_MYSQL_DSN=" + mysqlDSN(t)}, []string{"stats"}, "choose the store with --store", ""},
 		{"unknown store", []string{"IDEM_STORE=mongo"}, []string{"stats"}, "--store must be redis, postgres, mysql or dynamodb", ""},
 		{"unknown command", nil, []string{"frobnicate"}, "unknown command", ""},
 		{"bad output", nil, []string{"stats", "-o", "yaml"}, "-o must be table or json", ""},
@@ -532,12 +541,12 @@ func TestIdemErrors(t *testing.T) {
 
 // pg schema prints SQL that creates a working table, for migration tools.
 func TestPgSchemaCreatesTheTable(t *testing.T) {
-	schema := strings.NewReplacer("-", "_", ":", "").Replace(testserver.Unique("idem_schema_"))
-	env := []string{"IDEM_PG_URL=" + testserver.PostgresURL(), "IDEM_PG_SCHEMA=" + schema, "IDEM_STORE="}
+	schema := strings.NewReplacer("-", "_", ":", "").Replace(unique("idem_schema_"))
+	env := []string{"IDEM_PG_URL=" + service(t, "TEST_DATABASE_URL"), "IDEM_PG_SCHEMA=" + schema, "IDEM_STORE="}
 	sql := ok(t, env, "pg", "schema")
 	require.NotContains(t, sql, "{{")
 	require.NotContains(t, sql, "snippet")
-	pool, err := pgxpool.New(context.Background(), testserver.PostgresURL())
+	pool, err := pgxpool.New(context.Background(), service(t, "TEST_DATABASE_URL"))
 	require.NoError(t, err)
 	defer pool.Close()
 	defer pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck
@@ -551,12 +560,12 @@ func TestPgSchemaCreatesTheTable(t *testing.T) {
 // tools; it needs no DSN, and --store does not change it.
 func TestMySQLSchemaCreatesTheTable(t *testing.T) {
 	table, db := mysqlTable(t)
-	sql := ok(t, []string{"IDEM_STORE=redis", "IDEM_PG_URL=" + testserver.PostgresURL(), "IDEM_MYSQL_DSN=", "IDEM_MYSQL_TABLE=" + table}, "mysql", "schema")
+	sql := ok(t, []string{"IDEM_STORE=redis", "IDEM_PG_URL=" + service(t, "TEST_DATABASE_URL"), "IDEM_MYSQL_DSN=", "IDEM_MYSQL_TABLE=" + table}, "mysql", "schema")
 	require.Contains(t, sql, "CREATE TABLE IF NOT EXISTS `"+table+"`")
 	require.NotContains(t, sql, "{{")
 	_, err := db.ExecContext(context.Background(), sql)
 	require.NoError(t, err)
-	env := []string{"IDEM_STORE=", "IDEM_PG_URL=", "IDEM_MYSQL_DSN=" + mysqlDSN(), "IDEM_MYSQL_TABLE=" + table}
+	env := []string{"IDEM_STORE=", "IDEM_PG_URL=", "IDEM_MYSQL_DSN=" + mysqlDSN(t), "IDEM_MYSQL_TABLE=" + table}
 	require.Contains(t, ok(t, env, "stats"), "total       0")
 	require.Contains(t, ok(t, env, "mysql", "migrate"), "table "+table+" is ready")
 	require.Contains(t, ok(t, env, "mysql", "cleanup"), "deleted 0 forgotten records")

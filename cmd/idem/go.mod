@@ -2,12 +2,6 @@ module github.com/watermill-idempotency/idempotency/cmd/idem
 
 go 1.26.0
 
-replace github.com/watermill-idempotency/idempotency => ../..
-
-replace github.com/watermill-idempotency/idempotency/backends/mysqlstore => ../../backends/mysqlstore
-
-replace github.com/watermill-idempotency/idempotency/backends/dynamostore => ../../backends/dynamostore
-
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.3
 	github.com/aws/aws-sdk-go-v2 v1.47.7
@@ -18,9 +12,9 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
-	github.com/watermill-idempotency/idempotency v0.0.0
-	github.com/watermill-idempotency/idempotency/backends/dynamostore v0.0.0
-	github.com/watermill-idempotency/idempotency/backends/mysqlstore v0.0.0
+	github.com/watermill-idempotency/idempotency v0.1.0
+	github.com/watermill-idempotency/idempotency/backends/dynamostore v0.1.0
+	github.com/watermill-idempotency/idempotency/backends/mysqlstore v0.1.0
 )
 
 require (

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +22,6 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/contrib/awssqs"
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -42,9 +42,12 @@ func run(t *testing.T, endpoint string, withDefer bool, holdFor time.Duration) [
 	awsCfg := aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("x", "x", "")}
 	optFns := []func(*sqs.Options){func(o *sqs.Options) { o.BaseEndpoint = aws.String(endpoint) }}
 	client := sqs.NewFromConfig(awsCfg, optFns...)
-	queue := fmt.Sprintf("defer-%d", time.Now().UnixNano())
-	_, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(queue), Attributes: map[string]string{"VisibilityTimeout": "1"}})
+	queue := fmt.Sprintf("defer-%s-%d", os.Getenv("IDEM_TEST_RUN"), time.Now().UnixNano())
+	created, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(queue), Attributes: map[string]string{"VisibilityTimeout": "1"}})
 	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = client.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: created.QueueUrl})
+	})
 
 	store := memstore.New(memstore.Options{})
 	holder, err := store.Acquire(ctx, backends.AcquireRequest{Key: "charge:order-1", Owner: "other-worker", LeaseTTL: holdFor, Retention: time.Hour})
@@ -121,7 +124,12 @@ func run(t *testing.T, endpoint string, withDefer bool, holdFor time.Duration) [
 // out (6s), not after the queue's 1s visibility timeout; without it, it
 // comes back after about 1s and is nacked again while the holder still holds.
 func TestDeferDelaysAnInFlightDuplicate(t *testing.T) {
-	endpoint := testserver.StartGoaws(t)
+	// $SQS_ENDPOINT: `make test` starts a private goaws and sets it.
+	endpoint := os.Getenv("SQS_ENDPOINT")
+	if endpoint == "" {
+		t.Fatal("SQS_ENDPOINT is not set. Run the tests with `make test`, which starts a private goaws and sets it, " +
+			"or set it to an SQS endpoint the tests may create queues on")
+	}
 	const holdFor = 6 * time.Second
 
 	t.Run("with Defer", func(t *testing.T) {

@@ -2,14 +2,12 @@ module github.com/watermill-idempotency/idempotency/contrib/otel
 
 go 1.26.0
 
-replace github.com/watermill-idempotency/idempotency => ../..
-
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.3
 	github.com/ThreeDotsLabs/watermill-redisstream v1.4.5
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
-	github.com/watermill-idempotency/idempotency v0.0.0
+	github.com/watermill-idempotency/idempotency v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0

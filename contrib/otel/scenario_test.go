@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
@@ -28,7 +29,6 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
 	idemotel "github.com/watermill-idempotency/idempotency/contrib/otel"
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -367,8 +367,9 @@ func TestObserverThroughGoChannelRouter(t *testing.T) {
 }
 
 func TestObserverThroughRedisStreamsRouter(t *testing.T) {
-	client := testserver.RedisClient(t)
-	prefix := testserver.Unique("otel-")
+	client := redis.NewClient(&redis.Options{Addr: service(t, "REDIS_ADDR")})
+	t.Cleanup(func() { _ = client.Close() })
+	prefix := unique("otel-")
 	t.Cleanup(func() {
 		keys, _ := client.Keys(context.Background(), prefix+"*").Result()
 		if len(keys) > 0 {

@@ -12,7 +12,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/watermill-idempotency/idempotency/examples/internal/story"
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
+	"github.com/watermill-idempotency/idempotency/examples/internal/testenv"
 )
 
 // RabbitMQ with a durable work queue shared by both consumers. A nack
@@ -24,14 +24,14 @@ import (
 // reconnects).
 func TestAMQP(t *testing.T) {
 	story.Tell(t, func(t *testing.T) story.Broker {
-		cfg := amqp.NewDurableQueueConfig(testserver.Env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"))
+		cfg := amqp.NewDurableQueueConfig(testenv.Service(t, "AMQP_URL"))
 		logger := watermill.NopLogger{}
 		pub, err := amqp.NewPublisher(cfg, logger)
 		if err != nil {
 			t.Fatalf("RabbitMQ (AMQP_URL): %v", err)
 		}
 		t.Cleanup(func() { _ = pub.Close() })
-		topic := testserver.Unique("orders-")
+		topic := testenv.Unique("orders-")
 		t.Cleanup(func() { deleteQueue(t, cfg.Connection.AmqpURI, topic) })
 		var conns cutter
 		return story.Broker{

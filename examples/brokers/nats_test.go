@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/watermill-idempotency/idempotency/examples/internal/story"
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
+	"github.com/watermill-idempotency/idempotency/examples/internal/testenv"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -29,8 +29,8 @@ func TestNATSJetStream(t *testing.T) {
 		handlerLimit  = 30 * time.Second // watermill-nats' AckWaitTimeout
 	)
 	story.Tell(t, func(t *testing.T) story.Broker {
-		url := testserver.Env("NATS_URL", "nats://127.0.0.1:4222")
-		name := strings.ReplaceAll(strings.TrimSuffix(testserver.Unique("orders-"), ":"), ":", "-")
+		url := testenv.Service(t, "NATS_URL")
+		name := strings.ReplaceAll(strings.TrimSuffix(testenv.Unique("orders-"), ":"), ":", "-")
 		js := wmnats.JetStreamConfig{
 			AutoProvision:    true,
 			DurablePrefix:    name,

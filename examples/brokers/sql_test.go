@@ -10,17 +10,17 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
-	_ "github.com/go-sql-driver/mysql"
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
 	"github.com/watermill-idempotency/idempotency/examples/internal/story"
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
+	"github.com/watermill-idempotency/idempotency/examples/internal/testenv"
 )
 
 // sqlTopic is a topic name watermill-sql can make table names of.
 func sqlTopic() string {
-	return strings.NewReplacer("-", "_", ":", "").Replace(testserver.Unique("orders_"))
+	return strings.NewReplacer("-", "_", ":", "").Replace(testenv.Unique("orders_"))
 }
 
 // sqlBroker is watermill-sql on db. A consumer group reads a topic one
@@ -61,7 +61,7 @@ func sqlBroker(t *testing.T, name string, db wmsql.Beginner, schema wmsql.Schema
 
 func TestSQLPostgres(t *testing.T) {
 	story.Tell(t, func(t *testing.T) story.Broker {
-		pool := testserver.PostgresPool(t)
+		pool := testenv.PostgresPool(t)
 		return sqlBroker(t, "SQL on Postgres", wmsql.BeginnerFromPgx(pool),
 			wmsql.DefaultPostgreSQLSchema{}, wmsql.DefaultPostgreSQLOffsetsAdapter{},
 			func(topic string) {
@@ -72,7 +72,12 @@ func TestSQLPostgres(t *testing.T) {
 
 func TestSQLMariaDB(t *testing.T) {
 	story.Tell(t, func(t *testing.T) story.Broker {
-		db, err := sql.Open("mysql", testserver.Env("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true"))
+		cfg, err := mysql.ParseDSN(testenv.Service(t, "MYSQL_DSN"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ParseTime = true // watermill-sql's MySQL schema reads times
+		db, err := sql.Open("mysql", cfg.FormatDSN())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,12 +104,12 @@ func TestSQLMariaDB(t *testing.T) {
 // mysqlStore is the story's store on the same MariaDB as the broker: the
 // leases next to the messages, in a table of the test's own.
 func mysqlStore(t testing.TB) backends.Store {
-	db, err := sql.Open("mysql", testserver.Env("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test"))
+	db, err := sql.Open("mysql", testenv.Service(t, "MYSQL_DSN"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	table := strings.NewReplacer("-", "_", ":", "").Replace(testserver.Unique("story_"))
+	table := strings.NewReplacer("-", "_", ":", "").Replace(testenv.Unique("story_"))
 	s, err := mysqlstore.New(db, mysqlstore.Options{Table: table})
 	if err != nil {
 		t.Fatal(err)

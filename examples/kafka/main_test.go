@@ -10,7 +10,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/examples/internal/output"
 	"github.com/watermill-idempotency/idempotency/examples/internal/story"
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
+	"github.com/watermill-idempotency/idempotency/examples/internal/testenv"
 )
 
 // The example as a user runs it: in-process Kafka, leases in the real Redis.
@@ -18,7 +18,7 @@ func TestKafkaExample(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	err := run(ctx, "", testserver.Env("REDIS_ADDR", "127.0.0.1:6379"), &out)
+	err := run(ctx, "", testenv.Service(t, "REDIS_ADDR"), &out)
 	t.Log("\n" + out.String())
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +37,7 @@ func TestKafka(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(cluster.Close)
-		b, closeFn, err := newBroker(cluster.ListenAddrs(), testserver.Unique("billing-"))
+		b, closeFn, err := newBroker(cluster.ListenAddrs(), testenv.Unique("billing-"))
 		if err != nil {
 			t.Fatal(err)
 		}

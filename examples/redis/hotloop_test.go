@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,7 +16,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
+	"github.com/watermill-idempotency/idempotency/examples/internal/testenv"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -63,15 +65,45 @@ func streamRouter(t *testing.T, client *redis.Client, stream string, idem *idemp
 	}
 }
 
+// storeOutage is a go-redis hook that, while on, fails every call at once with
+// a refused connection, as a stopped Redis server would.
+type storeOutage struct{ on atomic.Bool }
+
+var errRefused = &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+
+func (o *storeOutage) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (o *storeOutage) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if o.on.Load() {
+			cmd.SetErr(errRefused)
+			return errRefused
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (o *storeOutage) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if o.on.Load() {
+			for _, cmd := range cmds {
+				cmd.SetErr(errRefused)
+			}
+			return errRefused
+		}
+		return next(ctx, cmds)
+	}
+}
+
 // acquiresWhileHeld delivers one message through Redis Streams (whose nack
 // resends at once: NackResendSleep is left at its default, none) while
 // another worker holds its key for hold, and returns how many Acquire
 // calls the middleware made in that time.
 func acquiresWhileHeld(t *testing.T, wait time.Duration, hold time.Duration) int64 {
 	ctx := context.Background()
-	client := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR", "127.0.0.1:6379"), ContextTimeoutEnabled: true})
+	client := redis.NewClient(&redis.Options{Addr: testenv.Service(t, "REDIS_ADDR"), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
-	prefix := fmt.Sprintf("hotloop-%d:", time.Now().UnixNano())
+	prefix := testenv.Unique("hotloop-")
 	inner, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
@@ -117,33 +149,35 @@ func TestBoundedWaitPreventsHotLoopOnRedisStreams(t *testing.T) {
 // processed.
 func acquiresDuringOutage(t *testing.T, maxBackoff, outage time.Duration) int64 {
 	const messages = 5
-	storeServer := testserver.StartRedis(t)
-	// The worst case: a client that fails at once, without go-redis's own
-	// dial retries (5 by default, 100ms apart) slowing each failed call.
-	storeClient := redis.NewClient(&redis.Options{Addr: storeServer.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1})
+	// The worst case: a store whose every call fails at once (a refused
+	// connection), without go-redis's own dial retries slowing it.
+	storeClient := redis.NewClient(&redis.Options{Addr: testenv.Service(t, "REDIS_ADDR"), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = storeClient.Close() })
-	inner, err := redisstore.New(storeClient, redisstore.Options{})
+	down := &storeOutage{}
+	storeClient.AddHook(down)
+	prefix := testenv.Unique("outage-")
+	inner, err := redisstore.New(storeClient, redisstore.Options{Prefix: prefix + "idem:"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	store := &countingStore{Store: inner}
 
-	client := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR", "127.0.0.1:6379")})
+	client := redis.NewClient(&redis.Options{Addr: testenv.Service(t, "REDIS_ADDR")})
 	t.Cleanup(func() { _ = client.Close() })
 	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "charge", Key: keyfunc.JSONField("order_id"), MaxStoreBackoff: maxBackoff})
 	if err != nil {
 		t.Fatal(err)
 	}
-	storeServer.Stop()
+	down.on.Store(true)
 	var processed atomic.Int32
-	publish := streamRouter(t, client, fmt.Sprintf("outage-%d", time.Now().UnixNano()), idem,
+	publish := streamRouter(t, client, prefix+"orders", idem,
 		func(*message.Message) error { processed.Add(1); return nil })
 	for i := range messages {
 		publish(fmt.Sprintf(`{"order_id":"o-%d"}`, i))
 	}
 	time.Sleep(outage)
 	calls := store.acquires.Load()
-	storeServer.Start()
+	down.on.Store(false)
 	deadline := time.Now().Add(time.Minute)
 	for processed.Load() < messages {
 		if time.Now().After(deadline) {

@@ -9,17 +9,16 @@ import (
 	examplemetrics "github.com/watermill-idempotency/idempotency/examples/internal/metrics"
 	"github.com/watermill-idempotency/idempotency/examples/internal/output"
 	"github.com/watermill-idempotency/idempotency/examples/internal/story"
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
+	"github.com/watermill-idempotency/idempotency/examples/internal/testenv"
 )
 
-// The example end to end against the real Redis ($REDIS_ADDR, default
-// 127.0.0.1:6379): Redis Streams for the messages, Redis for the leases,
+// The example end to end against the real Redis ($REDIS_ADDR): Redis Streams for the messages, Redis for the leases,
 // and a scrape of its /metrics.
 func TestRedisStreamsExample(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	rep, err := Run(ctx, Config{RedisAddr: testserver.Env("REDIS_ADDR", "127.0.0.1:6379"), Orders: 50}, &out)
+	rep, err := Run(ctx, Config{RedisAddr: testenv.Service(t, "REDIS_ADDR"), Orders: 50}, &out)
 	t.Log("\n" + out.String())
 	if err != nil {
 		t.Fatal(err)
@@ -49,8 +48,8 @@ func TestRedisStreamsExample(t *testing.T) {
 // The story on Redis Streams with the leases in Redis and in Postgres.
 func TestRedisStreams(t *testing.T) {
 	story.Tell(t, func(t *testing.T) story.Broker {
-		client := testserver.RedisClient(t) // its subscribers close it
-		prefix := testserver.Unique("redis-story-")
+		client := testenv.RedisClient(t) // its subscribers close it
+		prefix := testenv.Unique("redis-story-")
 		t.Cleanup(func() { client.Del(context.Background(), prefix+"orders") })
 		b, err := newBroker(client, prefix)
 		if err != nil {

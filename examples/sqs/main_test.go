@@ -11,32 +11,32 @@ import (
 	examplemetrics "github.com/watermill-idempotency/idempotency/examples/internal/metrics"
 	"github.com/watermill-idempotency/idempotency/examples/internal/output"
 	"github.com/watermill-idempotency/idempotency/examples/internal/story"
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
+	"github.com/watermill-idempotency/idempotency/examples/internal/testenv"
 )
 
-func config(endpoint, store string) Config {
+func config(t *testing.T, store string) Config {
 	return Config{
-		Endpoint:    endpoint,
+		Endpoint:    testenv.Service(t, "SQS_ENDPOINT"),
 		Region:      "us-east-1",
 		Store:       store,
-		RedisAddr:   env("REDIS_ADDR", "127.0.0.1:6379"),
-		DatabaseURL: env("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		RedisAddr:   testenv.Service(t, "REDIS_ADDR"),
+		DatabaseURL: testenv.Service(t, "TEST_DATABASE_URL"),
 		Orders:      20,
+		Prefix:      strings.TrimSuffix(testenv.Unique("example-sqs-"), ":"),
 	}
 }
 
-// The example end to end on the goaws SQS emulator, with the leases in
-// the real Redis, then in the real Postgres, then in DynamoDB (dynalite).
+// The example end to end on SQS ($SQS_ENDPOINT: goaws under `make test`),
+// with the leases in the real Redis, then in the real Postgres, then in
+// DynamoDB ($DYNAMODB_ENDPOINT: dynalite).
 func TestSQSExample(t *testing.T) {
-	endpoint := testserver.StartGoaws(t)
-	dynamo := testserver.StartDynalite(t)
 	for _, store := range []string{"redis", "postgres", "dynamodb"} {
 		t.Run(store, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			var out bytes.Buffer
-			cfg := config(endpoint, store)
-			cfg.DynamoEndpoint, cfg.DynamoNoTTL = dynamo, true
+			cfg := config(t, store)
+			cfg.DynamoEndpoint, cfg.DynamoNoTTL = testenv.Service(t, "DYNAMODB_ENDPOINT"), true
 			rep, err := Run(ctx, cfg, &out)
 			t.Log("\n" + out.String())
 			if err != nil {
@@ -65,10 +65,9 @@ func TestSQSExample(t *testing.T) {
 // The story on SQS with the leases in Redis and in Postgres (the store
 // Tell gives, over the example's broker).
 func TestSQS(t *testing.T) {
-	endpoint := testserver.StartGoaws(t)
 	story.Tell(t, func(t *testing.T) story.Broker {
-		cfg := config(endpoint, "redis")
-		cfg.Prefix = strings.TrimSuffix(testserver.Unique("story-sqs-"), ":")
+		cfg := config(t, "redis")
+		cfg.Prefix = strings.TrimSuffix(testenv.Unique("story-sqs-"), ":")
 		var deferred atomic.Int64
 		b, err := newBroker(context.Background(), cfg, &deferred)
 		if err != nil {

@@ -23,7 +23,7 @@ func TestFencedWriteAsDocumented(t *testing.T) {
 	write, err := region("internal/docs/fencing.sql", "write")
 	require.NoError(t, err)
 
-	conn, err := pgx.Connect(ctx, testserver.PostgresURL())
+	conn, err := pgx.Connect(ctx, testserver.PostgresURL(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	schema := fmt.Sprintf("docs_fencing_%d", time.Now().UnixNano())

@@ -6,7 +6,8 @@
 //	<!-- snippet: internal/docs/readme_test.go#quickstart -->
 //
 // and the source marks the region with "// snippet:quickstart" (or
-// "-- snippet:..." in SQL) and "// end snippet" lines. A region may come in
+// "-- snippet:..." in SQL, or "{{/* snippet:... */ -}}" in a SQL template)
+// and "// end snippet" lines. A region may come in
 // several parts (an import block, then a function body); the parts are
 // joined with a blank line. TestSnippetsMatchSources fails when a block
 // differs from its source or names none;
@@ -71,12 +72,12 @@ func region(file, name string) (string, error) {
 	for _, line := range strings.Split(string(b), "\n") {
 		trimmed := strings.TrimSpace(line)
 		switch {
-		case trimmed == "// snippet:"+name || trimmed == "-- snippet:"+name:
+		case trimmed == "// snippet:"+name || trimmed == "-- snippet:"+name || templateMark(trimmed) == "snippet:"+name:
 			if in {
 				return "", fmt.Errorf("%s: region %q opened twice", file, name)
 			}
 			in, cur = true, nil
-		case in && (trimmed == "// end snippet" || trimmed == "-- end snippet"):
+		case in && (trimmed == "// end snippet" || trimmed == "-- end snippet" || templateMark(trimmed) == "end snippet"):
 			in = false
 			parts = append(parts, trimBlank(dedent(cur)))
 		case in:
@@ -94,6 +95,19 @@ func region(file, name string) (string, error) {
 		joined[i] = strings.Join(p, "\n")
 	}
 	return strings.Join(joined, "\n\n"), nil
+}
+
+// templateMarkRE matches a region mark in a file that is a Go template
+// (the stores' schema.sql): a template comment, which leaves no trace in
+// the SQL the template renders.
+var templateMarkRE = regexp.MustCompile(`^\{\{-? ?/\* (.+) \*/ ?-?\}\}$`)
+
+// templateMark returns the text of a template comment line, or "".
+func templateMark(line string) string {
+	if m := templateMarkRE.FindStringSubmatch(line); m != nil {
+		return m[1]
+	}
+	return ""
 }
 
 // unindent joins a block's lines, less the indentation of its fence (a

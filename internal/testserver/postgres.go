@@ -14,16 +14,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// PostgresURL returns $TEST_DATABASE_URL, or the local test database.
-func PostgresURL() string {
-	return Env("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+// PostgresURL returns $TEST_DATABASE_URL, the tests' database.
+func PostgresURL(t testing.TB) string {
+	t.Helper()
+	return Service(t, "TEST_DATABASE_URL")
 }
 
 // PostgresPool connects to PostgresURL and fails the test if it does not
 // answer.
 func PostgresPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	return poolFor(t, PostgresURL())
+	return poolFor(t, PostgresURL(t))
 }
 
 func poolFor(t testing.TB, url string) *pgxpool.Pool {

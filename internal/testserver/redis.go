@@ -1,7 +1,10 @@
-// Package testserver starts private, throwaway servers for tests that must
-// stop, pause or restart them: each on a free loopback port, in a temporary
-// directory, stopped when the test ends. A missing server binary fails the
-// test; it never skips it.
+// Package testserver gives the root module's tests their servers: the
+// shared ones `make test` starts and names in environment variables
+// (REDIS_ADDR, REDIS_CLUSTER_ADDRS, TEST_DATABASE_URL), and private,
+// throwaway ones for tests that must stop, pause or restart them, each on
+// a free loopback port, in a temporary directory, stopped when the test
+// ends. A variable that is not set, or a server binary that is missing,
+// fails the test; it never skips it.
 package testserver
 
 import (
@@ -113,60 +116,28 @@ func (r *Redis) Pause() { _ = r.cmd.Process.Signal(syscall.SIGSTOP) }
 // Resume undoes Pause.
 func (r *Redis) Resume() { _ = r.cmd.Process.Signal(syscall.SIGCONT) }
 
-// StartRedisCluster starts a Redis Cluster of n masters without replicas
-// and waits until it reports cluster_state:ok. It returns the node addresses.
-func StartRedisCluster(t testing.TB, n int) []string {
+// Service returns the address of a server the tests use, from the
+// environment variable name, and fails the test if it is not set: `make
+// test` starts private servers and sets these (see docs/development.md).
+// A test never falls back to a server on a default port, which may be one
+// the user runs for something else.
+func Service(t testing.TB, name string) string {
 	t.Helper()
-	cli, err := exec.LookPath("redis-cli")
-	if err != nil {
-		t.Fatalf("testserver: redis-cli is not installed: %v", err)
+	v := os.Getenv(name)
+	if v == "" {
+		t.Fatalf("testserver: %s is not set. Run the tests with `make test`, which starts private servers "+
+			"and sets it, or set it to a server the tests may write to", name)
 	}
-	addrs := make([]string, n)
-	for i := range addrs {
-		dir := t.TempDir()
-		r := StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"),
-			"--cluster-node-timeout", "5000")
-		addrs[i] = r.Addr()
-	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
-		t.Fatalf("testserver: redis-cli --cluster create: %v\n%s", err, out)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for _, addr := range addrs {
-		c := redis.NewClient(&redis.Options{Addr: addr})
-		for {
-			info, err := c.ClusterInfo(context.Background()).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") {
-				break
-			}
-			if time.Now().After(deadline) {
-				c.Close()
-				t.Fatalf("testserver: cluster node %s not ready: %v %q", addr, err, info)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		c.Close()
-	}
-	return addrs
+	return v
 }
 
-// Env returns the environment variable's value, or def.
-func Env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-// RedisClient connects to the shared Redis at $REDIS_ADDR (default
-// 127.0.0.1:6379) and fails the test if it does not answer.
+// RedisClient connects to the Redis at $REDIS_ADDR and fails the test if
+// it does not answer.
 func RedisClient(t testing.TB) *redis.Client {
 	t.Helper()
-	addr := Env("REDIS_ADDR", "127.0.0.1:6379")
+	addr := Service(t, "REDIS_ADDR")
 	c := redis.NewClient(&redis.Options{Addr: addr})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
 		t.Fatalf("testserver: Redis at %s (REDIS_ADDR) does not answer: %v", addr, err)
@@ -175,7 +146,16 @@ func RedisClient(t testing.TB) *redis.Client {
 	return c
 }
 
+// ClusterAddrs returns the nodes of the Redis Cluster at
+// $REDIS_CLUSTER_ADDRS (host:port,...).
+func ClusterAddrs(t testing.TB) []string {
+	t.Helper()
+	return strings.Split(Service(t, "REDIS_CLUSTER_ADDRS"), ",")
+}
+
 // Unique returns a string unlikely to repeat, to keep tests' keys apart.
+// It holds this run's id ($IDEM_TEST_RUN, set by `make test`), by which
+// the run's keys are found and deleted on a server the user shares.
 func Unique(prefix string) string {
-	return fmt.Sprintf("%s%d-%d:", prefix, os.Getpid(), time.Now().UnixNano())
+	return fmt.Sprintf("%s%s-%d-%d:", prefix, os.Getenv("IDEM_TEST_RUN"), os.Getpid(), time.Now().UnixNano())
 }

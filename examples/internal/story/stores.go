@@ -11,7 +11,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
-	"github.com/watermill-idempotency/idempotency/internal/testserver"
+	"github.com/watermill-idempotency/idempotency/examples/internal/testenv"
 )
 
 // Store is a lease store a broker's story runs with.
@@ -24,7 +24,7 @@ type Store struct {
 // and the real Postgres, each test's records apart.
 var Stores = []Store{
 	{"redis", func(t testing.TB) backends.Store {
-		s, err := redisstore.New(testserver.RedisClient(t), redisstore.Options{Prefix: testserver.Unique("story-")})
+		s, err := redisstore.New(testenv.RedisClient(t), redisstore.Options{Prefix: testenv.Unique("story-")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -32,8 +32,8 @@ var Stores = []Store{
 		return s
 	}},
 	{"postgres", func(t testing.TB) backends.Store {
-		pool := testserver.PostgresPool(t)
-		schema := strings.NewReplacer("-", "_", ":", "").Replace(testserver.Unique("story_"))
+		pool := testenv.PostgresPool(t)
+		schema := strings.NewReplacer("-", "_", ":", "").Replace(testenv.Unique("story_"))
 		s, err := pgstore.New(pool, pgstore.Options{Schema: schema})
 		if err != nil {
 			t.Fatal(err)

@@ -26,7 +26,7 @@ import (
 	wmmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	"github.com/watermill-idempotency/idempotency/internal/fleet"
+	"github.com/watermill-idempotency/idempotency/backends/storetest"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -229,7 +229,7 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 	}
 	var (
 		calls    atomic.Int64
-		sink     = fleet.NewSink()
+		sink     = storetest.NewSink()
 		mu       sync.Mutex
 		rep      = Report{Broker: b.Name, Orders: orders + 3, Outcomes: map[string]int64{}, RedeliversWhileRunning: b.RedeliversWhileRunning || b.Redeliver != nil, Serialized: b.Serialized}
 		acked    atomic.Int64
@@ -253,7 +253,7 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		crashCharged = make(chan struct{})
 		crashOnce    sync.Once
 	)
-	counted := &outage{Store: fleet.Counted(store, &calls), key: namespace + ":" + OutageOrder, failures: 2}
+	counted := &outage{Store: storetest.Counted(store, &calls), key: namespace + ":" + OutageOrder, failures: 2}
 	poisoned := &countingPublisher{}
 	poison, err := wmmiddleware.PoisonQueueWithFilter(poisoned, "poison", idempotency.IsPoison)
 	if err != nil {

@@ -1,4 +1,4 @@
-package fleet
+package storetest
 
 import (
 	"context"
@@ -51,7 +51,7 @@ func (c *counted) Delete(ctx context.Context, key string) error {
 }
 
 // errFlaky is the transient failure flaky injects.
-var errFlaky = errors.New("fleet: injected connection reset")
+var errFlaky = errors.New("storetest: injected connection reset")
 
 // flaky fails a fraction of calls the way a network does: half before the
 // store sees the call, half after the store applied it (the reply lost).

@@ -1,4 +1,4 @@
-package fleet
+package storetest
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 
 // ErrStale is returned by [Sink.Apply] for a write from a holder whose
 // fencing token is lower than one the sink has already applied for the key.
-var ErrStale = errors.New("fleet: stale fencing token refused")
+var ErrStale = errors.New("storetest: stale fencing token refused")
 
 // Tally is what happened to one key's effect.
 type Tally struct {

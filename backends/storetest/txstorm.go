@@ -1,4 +1,4 @@
-package fleet
+package storetest
 
 import (
 	"context"
@@ -113,7 +113,7 @@ func (s TxStorm) Run(t *testing.T) {
 					return nil, err
 				}
 				defer rollback()
-				if lease.Attempt == 1 && FailsFirst(lease.Key) {
+				if lease.Attempt == 1 && failsFirst(lease.Key) {
 					rollbacks.Add(1)
 					return nil, errors.New("injected rollback")
 				}

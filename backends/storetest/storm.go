@@ -1,10 +1,4 @@
-// Package fleet runs storms: several Watermill routers, each with its own
-// GoChannel as separate service instances would have, receive copies of
-// the same keys at once and apply each key's effect through a fenced sink.
-// The report measures the library's promise itself: every key's effect
-// applied exactly once, no delivery acked before its key's effect was
-// applied, and how often the lease alone (without the fence) held.
-package fleet
+package storetest
 
 import (
 	"context"
@@ -27,24 +21,32 @@ import (
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
-// Topic is the topic every instance consumes; Namespace is every key's.
+// stormTopic is the topic every instance of a storm consumes;
+// stormNamespace is every key's namespace.
 const (
-	Topic     = "in"
-	Namespace = "storm"
+	stormTopic     = "in"
+	stormNamespace = "storm"
 )
 
-// Payload is the payload, and the key without its namespace, of key k.
-func Payload(k int) string { return fmt.Sprintf("order-%d", k) }
+// stormPayload is the payload, and the key without its namespace, of key k.
+func stormPayload(k int) string { return fmt.Sprintf("order-%d", k) }
 
-// Key is the full idempotency key of key k.
-func Key(k int) string { return Namespace + ":" + Payload(k) }
+// stormKey is the full idempotency key of key k.
+func stormKey(k int) string { return stormNamespace + ":" + stormPayload(k) }
 
-// ErrInjected is the failure the default handler injects.
-var ErrInjected = errors.New("fleet: injected handler failure")
+// errInjected is the failure the default storm handler injects.
+var errInjected = errors.New("storetest: injected handler failure")
 
-// Storm describes one storm. Copy c of key k goes to instance (k+c) mod
-// Instances under a new message UUID, as a producer retry would, all
-// copies at once.
+// Storm is a storm of duplicates against a store: several Watermill
+// routers, each with its own GoChannel and its own store (as separate
+// service instances have), receive copies of the same keys at once and
+// apply each key's effect through fenced [Effects]. Its [Report] measures
+// the promise itself: every key's effect applied exactly once, no delivery
+// acked before its key's effect was applied, and how often the lease alone
+// (without the fence) held.
+//
+// Copy c of key k goes to instance (k+c) mod Instances under a new message
+// UUID, as a producer retry would, all copies at once.
 type Storm struct {
 	Instances, Keys, Copies int
 	// Store returns instance i's store. Required.
@@ -71,9 +73,9 @@ type Storm struct {
 	Timeout time.Duration
 }
 
-// FailsFirst reports whether the default handler fails key's first
+// failsFirst reports whether the default handler fails key's first
 // attempt: every third key does.
-func FailsFirst(key string) bool {
+func failsFirst(key string) bool {
 	h := fnv.New32a()
 	h.Write([]byte(key))
 	return h.Sum32()%3 == 0
@@ -104,7 +106,7 @@ func (s Storm) Run(t testing.TB) Report {
 		if s.Configure != nil {
 			s.Configure(&cfg)
 		}
-		cfg.Store, cfg.Namespace = store, Namespace
+		cfg.Store, cfg.Namespace = store, stormNamespace
 		cfg.Key = payloadKey{}
 		cfg.Observer = observer{counters: counters, st: st}
 		idem, err := idempotency.New(cfg)
@@ -130,10 +132,10 @@ func defaultHandler(sink *Sink) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		lease, ok := idempotency.LeaseFromContext(msg.Context())
 		if !ok {
-			return nil, errors.New("fleet: no lease in the handler's context")
+			return nil, errors.New("storetest: no lease in the handler's context")
 		}
-		if lease.Attempt == 1 && FailsFirst(lease.Key) {
-			return nil, ErrInjected
+		if lease.Attempt == 1 && failsFirst(lease.Key) {
+			return nil, errInjected
 		}
 		return nil, sink.Apply(lease)
 	}
@@ -156,7 +158,7 @@ func startInstance(t testing.TB, h message.HandlerFunc, workers int) *gochannel.
 	if workers > 0 {
 		slots = make(chan struct{}, workers)
 	}
-	r.AddConsumerHandler("h", Topic, ps, func(msg *message.Message) error {
+	r.AddConsumerHandler("h", stormTopic, ps, func(msg *message.Message) error {
 		if slots != nil {
 			slots <- struct{}{}
 			defer func() { <-slots }()
@@ -176,8 +178,8 @@ func publishCopies(t testing.TB, pubs []*gochannel.GoChannel, keys, copies int) 
 	for c := range copies {
 		wg.Go(func() {
 			for k := range keys {
-				msg := message.NewMessage(watermill.NewUUID(), []byte(Payload(k)))
-				if err := pubs[(k+c)%len(pubs)].Publish(Topic, msg); err != nil {
+				msg := message.NewMessage(watermill.NewUUID(), []byte(stormPayload(k)))
+				if err := pubs[(k+c)%len(pubs)].Publish(stormTopic, msg); err != nil {
 					t.Error(err)
 					return
 				}
@@ -256,7 +258,7 @@ func (st *state) waitAcked(t testing.TB, n int64, timeout time.Duration) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("fleet: %d of %d deliveries acked after %v; outcomes: %v", got, n, timeout, st.outcomes())
+			t.Fatalf("storetest: %d of %d deliveries acked after %v; outcomes: %v", got, n, timeout, st.outcomes())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -291,7 +293,7 @@ func (st *state) report(t testing.TB, s Storm, elapsed time.Duration) Report {
 	t.Helper()
 	tallies, refused, err := st.effects.Tally()
 	if err != nil {
-		t.Fatalf("fleet: tally: %v", err)
+		t.Fatalf("storetest: tally: %v", err)
 	}
 	r := Report{
 		Instances: s.Instances, Keys: s.Keys, Deliveries: s.Keys * s.Copies,
@@ -301,7 +303,7 @@ func (st *state) report(t testing.TB, s Storm, elapsed time.Duration) Report {
 		r.Takeovers += c.Takeovers()
 	}
 	for k := range s.Keys {
-		key := Key(k)
+		key := stormKey(k)
 		switch t := tallies[key]; {
 		case t.Applied == 0:
 			r.Lost = append(r.Lost, key)
@@ -352,7 +354,7 @@ func (r Report) Check(t testing.TB) {
 	t.Helper()
 	t.Log(r.String())
 	for _, err := range r.Errors {
-		t.Errorf("fleet: %v", err)
+		t.Errorf("storetest: %v", err)
 	}
 	if len(r.Lost) > 0 {
 		t.Errorf("%d keys lost their effect, e.g. %v", len(r.Lost), first(r.Lost))

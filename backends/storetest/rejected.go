@@ -1,4 +1,4 @@
-package fleet
+package storetest
 
 import (
 	"context"
@@ -30,22 +30,4 @@ func CheckRejected(t *testing.T, s backends.Store, code string) {
 	require.ErrorIs(t, err, idempotency.ErrStore)
 	require.ErrorIs(t, err, backends.ErrRejected)
 	require.EqualValues(t, 1, calls.Load(), "not retried")
-}
-
-// Ctx returns a context that ends after a minute or with the test.
-func Ctx(t testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return c
-}
-
-// Acquire asks s for key on behalf of owner, with a lease of ttl and an
-// hour's retention, and fails the test on an error.
-func Acquire(t testing.TB, s backends.Store, key, owner string, ttl time.Duration) backends.AcquireResult {
-	t.Helper()
-	res, err := s.Acquire(Ctx(t), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: ttl, Retention: time.Hour})
-	if err != nil {
-		t.Fatalf("acquire %q: %v", key, err)
-	}
-	return res
 }
