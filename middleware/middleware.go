@@ -306,7 +306,7 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 			return res, sentAt, fmt.Errorf("%w: acquire %q while waiting: %w", ErrStore, d.key, err)
 		}
 		if m.mismatch(d, res) {
-			break
+			return res, sentAt, nil
 		}
 		// Not watching: after the first wake above, or because the store
 		// could not watch when last asked. Try again: the stores here
@@ -315,6 +315,17 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 		// soon as they can watch again.
 		if !w.watching() && res.Status == backends.InProgress {
 			w.rewatch()
+		}
+	}
+	// The wait ends on what the store says after its deadline. On a
+	// starved machine the last look can be from well before it (the
+	// first, even, from before the wait began), and the holder may have
+	// finished, failed or run out of lease since.
+	if res.Status == backends.InProgress && budget > 0 && lastAsk.Before(deadline) {
+		var err error
+		res, sentAt, err = m.acquire(d)
+		if err != nil {
+			return res, sentAt, fmt.Errorf("%w: acquire %q while waiting: %w", ErrStore, d.key, err)
 		}
 	}
 	return res, sentAt, nil

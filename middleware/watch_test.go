@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-idempotency/idempotency/backends"
@@ -270,4 +271,33 @@ func TestCompletionBeforeTheWatchIsInPlace(t *testing.T) {
 	before := cs.acquires.Load()
 	requireAckedDuplicate(t, deliverDuplicate(m), counters)
 	require.EqualValues(t, 2, cs.acquires.Load()-before, "Acquires: the first, and one when woken")
+}
+
+// stalledWatch is memstore whose Watch returns only after stall, as a
+// waiting goroutine that a starved machine does not run for that long.
+type stalledWatch struct {
+	*memstore.Store
+	stall time.Duration
+}
+
+func (s *stalledWatch) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
+	time.Sleep(s.stall)
+	return s.Store.Watch(ctx, key)
+}
+
+// A wait whose whole budget passes before its first look (a starved
+// machine) still ends on what the store says after its deadline: the
+// holder's lease ran out meanwhile, so the duplicate takes over instead of
+// being nacked on a look from before the wait began.
+func TestWaitEndsOnALookAfterItsDeadline(t *testing.T) {
+	mem := memstore.New(memstore.Options{})
+	store := &stalledWatch{Store: mem, stall: 200 * time.Millisecond}
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
+		c.PollInterval = 5 * time.Millisecond
+	})
+	_, err := mem.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "crashed", LeaseTTL: 50 * time.Millisecond, Retention: time.Hour})
+	require.NoError(t, err)
+	_, err = m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(newMsg("k", ""))
+	require.NoError(t, err, "the holder's lease ran out during the wait")
+	require.EqualValues(t, 1, counters.Takeovers())
 }
