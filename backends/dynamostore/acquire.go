@@ -3,6 +3,8 @@ package dynamostore
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
@@ -61,10 +63,25 @@ func (w way) write(fp bool) (set, cond string) {
 	return set, cond
 }
 
-// maxRounds bounds the writes of one Acquire. Each failed write means the
-// record changed between two of them, so running out takes a key under a
-// write storm; the caller retries the error as transient.
-const maxRounds = 8
+// maxRounds bounds the writes of one Acquire. Each failed write after the
+// first means the record changed between the read that chose it and the
+// write: another caller took the key, and released it or walked away,
+// within one round trip. Running out takes a key under a write storm; the
+// caller retries the error as transient.
+const maxRounds = 16
+
+// contentionPause is how long Acquire waits before its round-th write
+// (from 0) once the record changed under an informed write: nothing before
+// the first two (a guess, then the case it showed), then up to 2, 4, 8 ...
+// 128 ms, at random, so that writers racing for a free record stop meeting
+// in step.
+func contentionPause(round int) time.Duration {
+	if round < 2 {
+		return 0
+	}
+	ceiling := time.Millisecond << min(round-1, 7)
+	return rand.N(ceiling)
+}
 
 // Acquire implements [backends.Store]: one conditional write for a new
 // key or a duplicate; two for a takeover, an acquisition after a release
@@ -79,7 +96,16 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 		return backends.AcquireResult{}, fmt.Errorf("%w: fingerprint of %d bytes, the limit is %d", backends.ErrInvalidRequest, len(req.Fingerprint), MaxFingerprintBytes)
 	}
 	w := fresh
-	for range maxRounds {
+	for round := range maxRounds {
+		if d := contentionPause(round); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return backends.AcquireResult{}, opError("acquire", ctx.Err())
+			case <-t.C:
+			}
+		}
 		now := s.now().UnixMilli()
 		lease := now + ms(req.LeaseTTL)
 		retention := ms(req.Retention)
