@@ -63,7 +63,8 @@ import (
 func main() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := run(ctx, os.Getenv("KAFKA_BROKERS"), env("REDIS_ADDR", "127.0.0.1:6379"), os.Stdout); err != nil {
+	prefix := fmt.Sprintf("kafka-example-%d:", time.Now().UnixNano())
+	if err := run(ctx, os.Getenv("KAFKA_BROKERS"), env("REDIS_ADDR", "127.0.0.1:6379"), prefix, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "kafka example:", err)
 		os.Exit(1)
 	}
@@ -76,13 +77,13 @@ func env(name, def string) string {
 	return def
 }
 
-func run(ctx context.Context, kafkaBrokers, redisAddr string, w io.Writer) error {
+func run(ctx context.Context, kafkaBrokers, redisAddr, prefix string, w io.Writer) error {
 	client := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
 	defer client.Close()
 	if err := client.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis at %s: %w", redisAddr, err)
 	}
-	store, err := redisstore.New(client, redisstore.Options{Prefix: fmt.Sprintf("kafka-example-%d:", time.Now().UnixNano())})
+	store, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,7 @@ func TestKafkaExample(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	err := run(ctx, "", testenv.Service(t, "REDIS_ADDR"), &out)
+	err := run(ctx, "", testenv.Service(t, "REDIS_ADDR"), testenv.Unique("kafka-example-"), &out)
 	t.Log("\n" + out.String())
 	if err != nil {
 		t.Fatal(err)

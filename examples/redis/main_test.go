@@ -18,7 +18,7 @@ func TestRedisStreamsExample(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	rep, err := Run(ctx, Config{RedisAddr: testenv.Service(t, "REDIS_ADDR"), Orders: 50}, &out)
+	rep, err := Run(ctx, Config{RedisAddr: testenv.Service(t, "REDIS_ADDR"), Orders: 50, Prefix: testenv.Unique("example-redis-")}, &out)
 	t.Log("\n" + out.String())
 	if err != nil {
 		t.Fatal(err)

@@ -193,10 +193,11 @@ func haveCHeaders() bool {
 func install(ctx context.Context, progs []*program) error {
 	pkgs := packages(progs)
 	aptLine := "apt-get install -y --no-install-recommends " + strings.Join(pkgs, " ")
-	_, apt := exec.LookPath("apt-get")
+	_, noApt := exec.LookPath("apt-get")
 	switch {
-	case debianLike() && apt == nil && os.Geteuid() == 0:
-	case debianLike() && apt == nil:
+	case debianLike() && noApt == nil && os.Geteuid() == 0:
+		// Install them below.
+	case debianLike() && noApt == nil:
 		return fmt.Errorf("the tests need %s, which this machine lacks. Install them, then run the tests again:\n\n    sudo apt-get update && sudo %s\n", names(progs), aptLine)
 	case runtime.GOOS == "darwin":
 		return fmt.Errorf("the tests need %s, which this machine lacks. Install them (Homebrew: brew install redis postgresql@15 mariadb rabbitmq node; a C compiler: xcode-select --install), put them on PATH and run the tests again", names(progs))
@@ -218,9 +219,9 @@ func install(ctx context.Context, progs []*program) error {
 	for _, args := range [][]string{{"update", "-q"}, append([]string{"install", "-y", "-q", "--no-install-recommends"}, pkgs...)} {
 		cmd := exec.CommandContext(ctx, "apt-get", args...)
 		cmd.Env = env
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("apt-get %s: %v\n%s", args[0], err, tail(out, 40))
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr // a long install shows its progress
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("apt-get %s: %v", args[0], err)
 		}
 	}
 	return nil

@@ -384,34 +384,58 @@ func startMariaDB(ctx context.Context, e *env) (string, error) {
 // [user[:password]@][net[(addr)]]/dbname[?params].
 var dsnRE = regexp.MustCompile(`^(?:([^:@]*)(?::(.*))?@)?(?:([a-z0-9]+)(?:\((.*)\))?)?/([^?]*)(\?.*)?$`)
 
-// sharedMariaDB creates this run's database on the user's server and
-// drops it at the end.
-func sharedMariaDB(ctx context.Context, e *env, given string) (string, error) {
-	m := dsnRE.FindStringSubmatch(given)
+// mysqlDSN is a go-sql-driver/mysql DSN, split.
+type mysqlDSN struct {
+	user, password, network, addr string
+	// before and after are the DSN around the database name.
+	before, after string
+}
+
+func parseMySQLDSN(dsn string) (mysqlDSN, error) {
+	m := dsnRE.FindStringSubmatch(dsn)
 	if m == nil {
-		return "", fmt.Errorf("not a go-sql-driver/mysql DSN: %q", redact(given))
+		return mysqlDSN{}, fmt.Errorf("not a go-sql-driver/mysql DSN: %q", redact(dsn))
 	}
-	userName, password, network, addr, params := m[1], m[2], m[3], m[4], m[6]
-	args := []string{"--no-defaults", "--connect-timeout=5"}
-	if userName != "" {
-		args = append(args, "-u", userName)
+	return mysqlDSN{user: m[1], password: m[2], network: m[3], addr: m[4],
+		before: dsn[:len(dsn)-len(m[5])-len(m[6])], after: m[6]}, nil
+}
+
+// withDB is the DSN with another database.
+func (d mysqlDSN) withDB(db string) string { return d.before + db + d.after }
+
+// clientArgs are the mariadb client's arguments to connect as the DSN
+// does, and its environment (the password).
+func (d mysqlDSN) clientArgs() (args, env []string) {
+	args = []string{"--no-defaults", "--connect-timeout=5"}
+	if d.user != "" {
+		args = append(args, "-u", d.user)
 	}
 	switch {
-	case network == "unix":
-		args = append(args, "--socket="+addr)
-	case addr != "":
-		host, port, err := net.SplitHostPort(addr)
+	case d.network == "unix":
+		args = append(args, "--socket="+d.addr)
+	case d.addr != "":
+		host, port, err := net.SplitHostPort(d.addr)
 		if err != nil {
-			host, port = addr, "3306"
+			host, port = d.addr, "3306"
 		}
 		args = append(args, "-h", host, "-P", port)
 	default:
 		args = append(args, "-h", "127.0.0.1", "-P", "3306")
 	}
-	var env []string
-	if password != "" {
-		env = []string{"MYSQL_PWD=" + password}
+	if d.password != "" {
+		env = []string{"MYSQL_PWD=" + d.password}
 	}
+	return args, env
+}
+
+// sharedMariaDB creates this run's database on the user's server and
+// drops it at the end.
+func sharedMariaDB(ctx context.Context, e *env, given string) (string, error) {
+	dsn, err := parseMySQLDSN(given)
+	if err != nil {
+		return "", err
+	}
+	args, env := dsn.clientArgs()
 	db := "idem_test_" + e.run
 	client := e.tools.bin(progMariadb)
 	if _, err := command(ctx, env, client, append(args, "-e", "CREATE DATABASE "+db)...); err != nil {
@@ -422,8 +446,7 @@ func sharedMariaDB(ctx context.Context, e *env, given string) (string, error) {
 			logf("mariadb: %v", err)
 		}
 	})
-	prefix := given[:len(given)-len(m[5])-len(params)]
-	return prefix + db + params, nil
+	return dsn.withDB(db), nil
 }
 
 // startRabbitMQ starts an Erlang port mapper and a RabbitMQ node of their
