@@ -58,7 +58,7 @@ idem: ## Build the idem operator command into bin/idem
 
 # The modules' tests, longest first; TEST_JOBS of them run at once, each
 # module's output printed whole when it ends.
-TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/otel cmd/idem contrib/awssqs
+TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/otel cmd/idem contrib/awssqs tools
 TEST_JOBS    ?= 3
 
 .PHONY: test
@@ -69,6 +69,9 @@ test: bin/testenv ## Run every test with the race detector, against private serv
 # named so.
 test/core:
 	$(GO) test $(TEST_FLAGS) ./...
+
+test/tools:
+	cd tools && GOWORK=off $(GO) test $(TEST_FLAGS) ./...
 
 test/%:
 	cd $* && $(GO) test $(TEST_FLAGS) ./...
@@ -122,9 +125,29 @@ bench-core: ## Benchmark the middleware on the in-memory store against Watermill
 	@echo; echo "== key extraction"
 	cd tools && GOWORK=off $(GO) tool benchstat ../$(BENCH_DIR)/keyfunc.txt
 
+# The release tool (tools/release) serves every module at the version from
+# a module proxy of its own in a temporary directory: docs/releasing.md.
+.PHONY: release
+release: ## Prepare release VERSION=vX.Y.Z: set the siblings' requires and go.work to it, tidy against a local proxy, print the commit and tags
+	@if [ -z "$(VERSION)" ]; then echo "usage: make release VERSION=vX.Y.Z"; exit 2; fi
+	cd tools && GOWORK=off $(GO) build -o ../bin/release ./release
+	GO=$(GO) bin/release -version $(VERSION)
+
+.PHONY: release-check
+release-check: ## Check HEAD as the next release: tidy, vet and test builds without the workspace, then go get and go install every module from outside the repository (VERSION to choose it)
+	cd tools && GOWORK=off $(GO) build -o ../bin/release ./release
+	GO=$(GO) bin/release -check $(if $(VERSION),-version $(VERSION))
+
 .PHONY: lint
 lint: ## Check formatting and go vet in every module (tidiness without the workspace: make release-check)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
+	@# No module imports another module's internal packages: a published
+	@# module must not break when a sibling's internals change.
+	@for m in $(MODULES); do \
+	  (cd $$m && mod=$$(awk '/^module /{print $$2; exit}' go.mod) && $(GO) list -deps -test -f '{{.ImportPath}} {{with .Module}}{{.Path}}{{end}}' ./... | \
+	    awk -v mod="$$mod" '$$1 ~ /\/internal(\/|$$)/ && $$2 ~ /^github.com\/watermill-idempotency\// && $$2 != mod { print; bad = 1 } \
+	      END { if (bad) { print "module " mod " imports the internal packages above, of another module"; exit 1 } }') || exit 1; \
+	done
 	@for m in $(TOOL_MODS); do (cd $$m && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) mod tidy -diff) || exit 1; done
 	@echo "lint ok"

@@ -12,6 +12,7 @@
 //	idem pg migrate | schema | cleanup [flags] [--batch N]
 //	idem mysql migrate | schema | cleanup [flags] [--batch N]
 //	idem dynamodb create-table [flags] [--no-ttl]
+//	idem version                         the version idem was built from
 //
 // The store is chosen with --store redis|postgres|mysql|dynamodb and
 // reached with --redis-url (or --redis-cluster) and --redis-prefix;
