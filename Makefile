@@ -133,6 +133,11 @@ release: ## Prepare release VERSION=vX.Y.Z: set the siblings' requires and go.wo
 	cd tools && GOWORK=off $(GO) build -o ../bin/release ./release
 	GO=$(GO) bin/release -version $(VERSION)
 
+.PHONY: tidy
+tidy: ## go mod tidy every module, uncommitted changes included (go mod tidy itself cannot, in the workspace)
+	cd tools && GOWORK=off $(GO) build -o ../bin/release ./release
+	GO=$(GO) bin/release -tidy
+
 .PHONY: release-check
 release-check: ## Check HEAD as the next release: tidy, vet and test builds without the workspace, then go get and go install every module from outside the repository (VERSION to choose it)
 	cd tools && GOWORK=off $(GO) build -o ../bin/release ./release

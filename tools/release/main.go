@@ -7,6 +7,9 @@
 //	                          the same in a copy of HEAD, then vet, compile the
 //	                          tests, and install every module from outside the
 //	                          repository, as a user would
+//	release -tidy             go mod tidy every module of the working tree,
+//	                          which the go command cannot do in the workspace
+//	                          while the siblings' version is unpublished
 //
 // Both work in a copy of HEAD (git archive, so nothing untracked gets into
 // a module), and serve the modules at the version from a module proxy of
@@ -37,15 +40,16 @@ func main() {
 	var o options
 	flag.StringVar(&o.version, "version", "", "the version, vX.Y.Z (with -check: default the version the siblings are required at, or the next minor if that is tagged)")
 	flag.BoolVar(&o.check, "check", false, "check HEAD in a temporary copy; change nothing")
+	flag.BoolVar(&o.tidy, "tidy", false, "go mod tidy every module of the working tree, its uncommitted changes included")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory, and print where it is")
 	flag.BoolVar(&verbose, "v", false, "print every command with the time it took")
 	flag.IntVar(&o.jobs, "j", min(runtime.NumCPU(), 4), "modules worked on at once")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: release -version vX.Y.Z\n       release -check [-version vX.Y.Z]\n\n")
+		fmt.Fprintf(os.Stderr, "usage: release -version vX.Y.Z\n       release -check [-version vX.Y.Z]\n       release -tidy\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if flag.NArg() > 0 || (!o.check && o.version == "") {
+	if flag.NArg() > 0 || (!o.check && !o.tidy && o.version == "") || (o.tidy && (o.check || o.version != "")) {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -61,6 +65,7 @@ func main() {
 type options struct {
 	version string
 	check   bool
+	tidy    bool
 	keep    bool
 	jobs    int
 }
@@ -92,7 +97,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	if status != "" {
+	if status != "" && !o.tidy {
 		if !o.check {
 			return fmt.Errorf("the working tree is not clean; the module zips must hold exactly what the tags will:\n%s", indent(strings.TrimRight(status, "\n")))
 		}
@@ -132,7 +137,12 @@ func run(ctx context.Context, o options) error {
 	}
 	r.src = filepath.Join(r.tmp, "src")
 	r.proxy = filepath.Join(r.tmp, "proxy")
-	if err := extractHEAD(ctx, r.repo, r.head, r.src); err != nil {
+	if o.tidy {
+		err = copyWorkingTree(ctx, r.repo, r.src)
+	} else {
+		err = extractHEAD(ctx, r.repo, r.head, r.src)
+	}
+	if err != nil {
 		return err
 	}
 	work, err := os.ReadFile(filepath.Join(r.src, "go.work"))
@@ -157,11 +167,17 @@ func run(ctx context.Context, o options) error {
 		return false
 	}
 	var why string
-	if o.check {
+	switch {
+	case o.tidy:
+		// The version the siblings are required at, served from this tree.
+		if r.version, why, err = chooseVersion(r.ws, "", func(string) bool { return false }); err != nil {
+			return err
+		}
+	case o.check:
 		if r.version, why, err = chooseVersion(r.ws, o.version, tagged); err != nil {
 			return err
 		}
-	} else {
+	default:
 		if err := checkVersion(o.version); err != nil {
 			return err
 		}
@@ -179,7 +195,11 @@ func run(ctx context.Context, o options) error {
 	if r.order, err = r.ws.layers(); err != nil {
 		return err
 	}
-	logf("%s of HEAD %.12s at %s (%s), %d modules", map[bool]string{true: "check", false: "release"}[o.check], hash, r.version, why, len(r.ws.Mods))
+	what := map[bool]string{true: "check of HEAD " + hash[:12], false: "release of HEAD " + hash[:12]}[o.check]
+	if o.tidy {
+		what = "tidy of the working tree"
+	}
+	logf("%s at %s (%s), %d modules", what, r.version, why, len(r.ws.Mods))
 
 	// The go commands' environment. -trimpath keeps the (new every run)
 	// module cache's path out of the build cache's keys, so that what an
@@ -203,6 +223,9 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	logf("tidied, zipped and served every module in %s", since(t))
+	if o.tidy {
+		return r.writeTidied()
+	}
 
 	if !o.check {
 		// Nothing may have moved under the copy meanwhile.
@@ -302,6 +325,22 @@ func (r *release) tidyAndServe(ctx context.Context, goCmd *runner, m *mod) error
 	if err != nil {
 		return err
 	}
+	if !r.o.tidy { // -tidy keeps the tidied files, and serves them to the modules after
+		if err := r.checkTidy(m, modBefore, modAfter, sumBefore, sumAfter); err != nil {
+			return err
+		}
+	}
+	if err := publish(r.proxy, module.Version{Path: m.Path, Version: r.version}, dir, r.when); err != nil {
+		return fmt.Errorf("%s: %w", m.Dir, err)
+	}
+	logf("  %-22s tidy, zip, serve  %s", m.Dir, since(t))
+	return nil
+}
+
+// checkTidy fails if tidy changed m's go.mod beyond the sibling versions or
+// its go.sum beyond the siblings' lines: the committed module was not tidy.
+func (r *release) checkTidy(m *mod, modBefore, modAfter, sumBefore, sumAfter []byte) error {
+	dir := r.dir(m)
 	var untidy []string
 	if d := lineDiff(lines(modBefore), lines(modAfter)); d != "" {
 		untidy = append(untidy, "go.mod (as committed, sibling versions set to "+r.version+"; - committed, + tidy):\n"+indent(d))
@@ -310,16 +349,12 @@ func (r *release) tidyAndServe(ctx context.Context, goCmd *runner, m *mod) error
 		untidy = append(untidy, "go.sum (lines of other modules than the siblings; - committed, + tidy):\n"+indent(d))
 	}
 	if len(untidy) > 0 {
-		hint := "run with -keep to keep the tidied files"
+		hint := "run with -keep to look at the tidied files"
 		if r.o.keep {
 			hint = "the tidied go.mod and go.sum are in " + dir
 		}
-		return fmt.Errorf("%s: the committed module is not tidy: `go mod tidy` (GOWORK=off, siblings at %s from the local proxy) changes\n%s\nTidy cannot run in the workspace while the siblings are unpublished: make these edits by hand, or %s (leave out go.sum's lines of the siblings)", m.Dir, r.version, strings.Join(untidy, "\n"), hint)
+		return fmt.Errorf("%s: the committed module is not tidy: `go mod tidy` (GOWORK=off, siblings at %s from the local proxy) changes\n%s\nRun `make tidy` (go mod tidy cannot run in the workspace while the siblings are unpublished), or %s", m.Dir, r.version, strings.Join(untidy, "\n"), hint)
 	}
-	if err := publish(r.proxy, module.Version{Path: m.Path, Version: r.version}, dir, r.when); err != nil {
-		return fmt.Errorf("%s: %w", m.Dir, err)
-	}
-	logf("  %-22s tidy, zip, serve  %s", m.Dir, since(t))
 	return nil
 }
 
