@@ -4,13 +4,13 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"reflect"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 )
 
@@ -200,13 +200,7 @@ type Config struct {
 
 // isNil reports whether s holds a nil pointer (or other nil value), such
 // as a *memstore.Store that was never created.
-func isNil(s any) bool {
-	switch v := reflect.ValueOf(s); v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
-		return v.IsNil()
-	}
-	return false
-}
+func isNil(s any) bool { return storekit.IsNil(s) }
 
 // ErrInvalidConfig is wrapped by every error [New] returns.
 var ErrInvalidConfig = errors.New("idempotency: invalid config")

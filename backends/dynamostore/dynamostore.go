@@ -12,6 +12,7 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 var (
@@ -85,7 +86,7 @@ type Store struct {
 
 // New returns a store on api. It does not contact DynamoDB.
 func New(api API, opts Options) (*Store, error) {
-	if api == nil {
+	if storekit.IsNil(api) {
 		return nil, ErrNilClient
 	}
 	if opts.Table == "" {

@@ -177,6 +177,8 @@ func TestNewValidates(t *testing.T) {
 	api := dynamodb.New(dynamodb.Options{Region: "us-east-1"})
 	_, err := dynamostore.New(nil, dynamostore.Options{})
 	require.ErrorIs(t, err, dynamostore.ErrNilClient)
+	_, err = dynamostore.New((*dynamodb.Client)(nil), dynamostore.Options{})
+	require.ErrorIs(t, err, dynamostore.ErrNilClient, "a typed nil client")
 	for name, opts := range map[string]dynamostore.Options{
 		"short table name": {Table: "ab"},
 		"odd table name":   {Table: "idem keys"},

@@ -179,6 +179,8 @@ func TestNewValidates(t *testing.T) {
 	defer db.Close()
 	_, err = mysqlstore.New(nil, mysqlstore.Options{})
 	require.ErrorIs(t, err, mysqlstore.ErrNilDB)
+	_, err = mysqlstore.New((*sql.DB)(nil), mysqlstore.Options{})
+	require.ErrorIs(t, err, mysqlstore.ErrNilDB, "a typed nil DB")
 	for name, opts := range map[string]mysqlstore.Options{
 		"quote in table":   {Table: "idem`keys"},
 		"three parts":      {Table: "a.b.c"},

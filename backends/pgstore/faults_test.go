@@ -161,6 +161,8 @@ func TestCleanup(t *testing.T) {
 func TestNewValidates(t *testing.T) {
 	_, err := pgstore.New(nil, pgstore.Options{})
 	require.ErrorIs(t, err, pgstore.ErrNilDB)
+	_, err = pgstore.New((*pgxpool.Pool)(nil), pgstore.Options{})
+	require.ErrorIs(t, err, pgstore.ErrNilDB, "a typed nil pool")
 	pool := testserver.PostgresPool(t)
 	_, err = pgstore.New(pool, pgstore.Options{Table: string(make([]byte, 70))})
 	require.ErrorIs(t, err, pgstore.ErrInvalidOptions)

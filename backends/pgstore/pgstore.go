@@ -103,7 +103,7 @@ const inProgress = `state = 1 AND lease_expires_at > now() AND forget_at > now()
 
 // New returns a store on db. It does not contact the server.
 func New(db DB, opts Options) (*Store, error) {
-	if db == nil {
+	if storekit.IsNil(db) {
 		return nil, ErrNilDB
 	}
 	if opts.Schema == "" {

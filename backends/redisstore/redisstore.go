@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 var (
@@ -78,7 +79,7 @@ type Store struct {
 // client or any redis.UniversalClient. It returns [ErrNilClient] for a nil
 // client. It does not contact the server.
 func New(client redis.Scripter, opts Options) (*Store, error) {
-	if client == nil {
+	if storekit.IsNil(client) {
 		return nil, ErrNilClient
 	}
 	if opts.Prefix == "" {

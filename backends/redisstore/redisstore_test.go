@@ -72,6 +72,12 @@ func TestNewRejectsNilClient(t *testing.T) {
 	s, err := redisstore.New(nil, redisstore.Options{})
 	require.ErrorIs(t, err, redisstore.ErrNilClient)
 	require.Nil(t, s)
+	for name, client := range map[string]redis.Scripter{
+		"client": (*redis.Client)(nil), "cluster": (*redis.ClusterClient)(nil), "ring": (*redis.Ring)(nil),
+	} {
+		_, err := redisstore.New(client, redisstore.Options{})
+		require.ErrorIs(t, err, redisstore.ErrNilClient, "a typed nil %s", name)
+	}
 }
 
 func TestKeyLayout(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -87,7 +88,7 @@ type Defer struct {
 // NewDefer returns the middleware for cfg, or an error wrapping
 // [ErrInvalidConfig]. cfg is not modified.
 func NewDefer(cfg DeferConfig) (*Defer, error) {
-	if cfg.Client == nil {
+	if storekit.IsNil(cfg.Client) {
 		return nil, fmt.Errorf("%w: Client is required", ErrInvalidConfig)
 	}
 	if cfg.QueueURL == nil {

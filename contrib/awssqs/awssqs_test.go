@@ -159,6 +159,8 @@ func TestUnmarshalerRecordsReceiptHandle(t *testing.T) {
 func TestNewDeferValidates(t *testing.T) {
 	_, err := awssqs.NewDefer(awssqs.DeferConfig{})
 	require.ErrorIs(t, err, awssqs.ErrInvalidConfig)
+	_, err = awssqs.NewDefer(awssqs.DeferConfig{Client: (*sqs.Client)(nil)})
+	require.ErrorIs(t, err, awssqs.ErrInvalidConfig, "a typed nil client")
 	client := sqs.NewFromConfig(aws.Config{Region: "us-east-1"})
 	_, err = awssqs.NewDefer(awssqs.DeferConfig{Client: client, MaxDelay: 13 * time.Hour})
 	require.ErrorIs(t, err, awssqs.ErrInvalidConfig)

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -98,7 +99,7 @@ var _ idempotency.Observer = (*Observer)(nil)
 // or an error if an instrument cannot be created.
 func NewObserver(cfg Config) (*Observer, error) {
 	mp := cfg.MeterProvider
-	if mp == nil {
+	if storekit.IsNil(mp) {
 		mp = otel.GetMeterProvider()
 	}
 	meter := mp.Meter(ScopeName)

@@ -109,6 +109,8 @@ func TestInstrumentStoreKeepsCapabilities(t *testing.T) {
 
 	_, err = idemotel.InstrumentStore(nil, idemotel.StoreConfig{})
 	require.Error(t, err)
+	_, err = idemotel.InstrumentStore((*memstore.Store)(nil), idemotel.StoreConfig{})
+	require.Error(t, err, "a typed nil store")
 }
 
 // Store spans are children of the span in the call's context, and only

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 // storeBuckets are the bucket boundaries, in seconds, OpenTelemetry's
@@ -71,11 +72,11 @@ const AttrStatus = attribute.Key("watermill.idempotency.store.status")
 // its listing (backends.Lister). It returns an error for a nil store
 // or if the histogram cannot be created.
 func InstrumentStore(store backends.Store, cfg StoreConfig) (backends.Store, error) {
-	if store == nil {
+	if storekit.IsNil(store) {
 		return nil, errors.New("idemotel: InstrumentStore: nil store")
 	}
 	mp := cfg.MeterProvider
-	if mp == nil {
+	if storekit.IsNil(mp) {
 		mp = otel.GetMeterProvider()
 	}
 	hist, err := mp.Meter(ScopeName).Float64Histogram("watermill.idempotency.store.operation.duration",
@@ -88,7 +89,7 @@ func InstrumentStore(store backends.Store, cfg StoreConfig) (backends.Store, err
 	s := &instrumented{next: store, duration: hist, recordKey: cfg.RecordKey}
 	if cfg.Spans {
 		tp := cfg.TracerProvider
-		if tp == nil {
+		if storekit.IsNil(tp) {
 			tp = otel.GetTracerProvider()
 		}
 		s.tracer = tp.Tracer(ScopeName)
