@@ -17,6 +17,10 @@ const (
 	// fits a Postgres B-tree index entry (about 2.7 KB) and a DynamoDB
 	// partition key (2 KB). Hash longer keys (keyfunc.Hashed).
 	MaxKeyBytes = 2048
+	// MaxFingerprintBytes is the longest fingerprint Acquire accepts, kept
+	// and returned whole by every store (a SHA-256 is 32 bytes). The
+	// middleware hashes a longer one to 32 bytes before it asks.
+	MaxFingerprintBytes = 4 << 10
 	// MaxOwnerBytes is the longest owner token. An owner is 1 to
 	// MaxOwnerBytes bytes of valid UTF-8 without NUL, so that every store
 	// can keep it as text.
@@ -85,12 +89,14 @@ type Store interface {
 	// held, and never removes a lease held by another owner.
 	Release(ctx context.Context, lease Lease) error
 
-	// Inspect returns the key's record, or [ErrNotFound].
+	// Inspect returns the key's record, or [ErrNotFound]. A key beyond the
+	// limits is an invalid request ([ValidateKey]).
 	Inspect(ctx context.Context, key string) (Record, error)
 
 	// Delete removes the key's record whatever its state, or returns
-	// [ErrNotFound]. It is meant for operators: deleting the record of a
-	// key in progress lets a duplicate run concurrently with the holder.
+	// [ErrNotFound]; a key beyond the limits is an invalid request. It is
+	// meant for operators: deleting the record of a key in progress lets a
+	// duplicate run concurrently with the holder.
 	Delete(ctx context.Context, key string) error
 }
 
@@ -135,9 +141,10 @@ type AcquireRequest struct {
 	// inspect it): zero to [MaxDuration]. The store keeps it with the
 	// record; Complete and Release use it.
 	Retention time.Duration
-	// Fingerprint optionally identifies the payload. The store keeps the
-	// first fingerprint it is given for a record and returns it in every
-	// result, so the caller can tell a duplicate from a key collision.
+	// Fingerprint optionally identifies the payload: at most
+	// [MaxFingerprintBytes] bytes. The store keeps the first fingerprint it
+	// is given for a record and returns it whole in every result, so the
+	// caller can tell a duplicate from a key collision.
 	Fingerprint []byte
 }
 
@@ -150,6 +157,9 @@ func (r AcquireRequest) Validate() error {
 	if err := ValidateLeaseTTL(r.LeaseTTL); err != nil {
 		return err
 	}
+	if len(r.Fingerprint) > MaxFingerprintBytes {
+		return fmt.Errorf("%w: fingerprint of %d bytes, the limit is %d", ErrInvalidRequest, len(r.Fingerprint), MaxFingerprintBytes)
+	}
 	return ValidateRetention(r.Retention)
 }
 
@@ -159,12 +169,25 @@ func (r AcquireRequest) Validate() error {
 // the server.
 func (l Lease) Validate() error { return validateKeyOwner(l.Key, l.Owner) }
 
-func validateKeyOwner(key, owner string) error {
+// ValidateKey reports whether key is within the contract's limits (1 to
+// [MaxKeyBytes] bytes), wrapping [ErrInvalidRequest] if not. Stores call
+// it in Inspect and Delete before they touch the server, so that every
+// store gives the same answer for a key no record can have.
+func ValidateKey(key string) error {
 	switch {
 	case key == "":
 		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
 	case len(key) > MaxKeyBytes:
 		return fmt.Errorf("%w: key of %d bytes, the limit is %d", ErrInvalidRequest, len(key), MaxKeyBytes)
+	}
+	return nil
+}
+
+func validateKeyOwner(key, owner string) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	switch {
 	case owner == "":
 		return fmt.Errorf("%w: empty owner", ErrInvalidRequest)
 	case len(owner) > MaxOwnerBytes:

@@ -161,7 +161,9 @@ type Config struct {
 	// Fingerprint, if set, identifies a message's payload; a message whose
 	// fingerprint differs from the one its key was first seen with is
 	// handled by OnFingerprintMismatch. [PayloadFingerprint] hashes the
-	// payload. Defaults to nil: no fingerprints.
+	// payload. A fingerprint longer than backends.MaxFingerprintBytes
+	// (4 KiB) is stored as its SHA-256, so that any function works with
+	// every store. Defaults to nil: no fingerprints.
 	Fingerprint func(msg *message.Message) []byte
 
 	// OnFingerprintMismatch decides what a fingerprint mismatch does.

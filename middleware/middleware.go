@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	crand "crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -100,6 +101,10 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 	d.owner = newOwner()
 	if m.cfg.Fingerprint != nil {
 		d.fp = m.cfg.Fingerprint(msg)
+		if len(d.fp) > backends.MaxFingerprintBytes {
+			sum := sha256.Sum256(d.fp)
+			d.fp = sum[:]
+		}
 	}
 
 	res, sentAt, err := m.acquire(d)

@@ -1,8 +1,11 @@
 package middleware_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
+	"github.com/ThreeDotsLabs/watermill"
 	"math"
 	"strings"
 	"sync"
@@ -386,6 +389,37 @@ func TestFingerprintMismatch(t *testing.T) {
 	rec, err := store.Inspect(context.Background(), "test:order-2")
 	require.NoError(t, err)
 	require.Equal(t, backends.StateReleased, rec.State, "the mismatching delivery gave the key back")
+}
+
+// A fingerprint function may return anything, the payload itself
+// included: one over backends.MaxFingerprintBytes is stored as its SHA-256,
+// so a 70 KiB message is processed once, its duplicate dropped and another
+// payload under its key refused, on every store alike.
+func TestLongFingerprintIsHashed(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
+		c.Key = keyfunc.Metadata("k")
+		c.Fingerprint = func(msg *message.Message) []byte { return msg.Payload }
+	})
+	withKey := func(fill byte) *message.Message {
+		msg := newMsg(watermill.NewUUID(), string(bytes.Repeat([]byte{fill}, 70<<10)))
+		msg.Metadata.Set("k", "order-1")
+		return msg
+	}
+	var runs atomic.Int32
+	h := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil })
+	_, err := h(withKey('a'))
+	require.NoError(t, err, "the first delivery of a long payload")
+	_, err = h(withKey('a'))
+	require.NoError(t, err, "its duplicate")
+	_, err = h(withKey('b'))
+	require.ErrorIs(t, err, middleware.ErrFingerprintMismatch)
+	require.EqualValues(t, 1, runs.Load())
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeDuplicate))
+	rec, err := store.Inspect(context.Background(), "test:order-1")
+	require.NoError(t, err)
+	sum := sha256.Sum256(bytes.Repeat([]byte{'a'}, 70<<10))
+	require.Equal(t, sum[:], rec.Fingerprint)
 }
 
 func TestFingerprintMismatchIgnorePolicy(t *testing.T) {

@@ -92,9 +92,6 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	if err := req.Validate(); err != nil {
 		return backends.AcquireResult{}, err
 	}
-	if len(req.Fingerprint) > MaxFingerprintBytes {
-		return backends.AcquireResult{}, fmt.Errorf("%w: fingerprint of %d bytes, the limit is %d", backends.ErrInvalidRequest, len(req.Fingerprint), MaxFingerprintBytes)
-	}
 	w := fresh
 	for round := range maxRounds {
 		if d := contentionPause(round); d > 0 {

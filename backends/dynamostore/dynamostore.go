@@ -46,8 +46,9 @@ const (
 	// the longest key, owner and fingerprint and this output still fits
 	// DynamoDB's 400 KB item.
 	MaxOutputBytes = 392 << 10
-	// MaxFingerprintBytes is the longest fingerprint Acquire accepts.
-	MaxFingerprintBytes = 4 << 10
+	// MaxFingerprintBytes is the longest fingerprint Acquire accepts: every
+	// store's, backends.MaxFingerprintBytes.
+	MaxFingerprintBytes = backends.MaxFingerprintBytes
 )
 
 // Errors returned by [New].
@@ -191,6 +192,9 @@ func (s *Store) get(ctx context.Context, key string) (it item, ok bool, err erro
 
 // Inspect implements [backends.Store], with a strongly consistent read.
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
+	if err := backends.ValidateKey(key); err != nil {
+		return backends.Record{}, err
+	}
 	it, ok, err := s.get(ctx, key)
 	if err != nil {
 		return backends.Record{}, opError("inspect", err)
@@ -207,6 +211,9 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 
 // Delete implements [backends.Store].
 func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := backends.ValidateKey(key); err != nil {
+		return err
+	}
 	out, err := s.api.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: s.table, Key: keyOf(key), ReturnValues: types.ReturnValueAllOld})
 	if err != nil {
 		return opError("delete", err)

@@ -230,6 +230,9 @@ func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
 
 // Inspect implements [backends.Store].
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
+	if err := backends.ValidateKey(key); err != nil {
+		return backends.Record{}, err
+	}
 	if err := ctx.Err(); err != nil {
 		return backends.Record{}, err
 	}
@@ -271,6 +274,9 @@ func (r *record) export(key string, now time.Time) backends.Record {
 
 // Delete implements [backends.Store].
 func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := backends.ValidateKey(key); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}

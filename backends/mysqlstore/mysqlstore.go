@@ -614,6 +614,9 @@ func scanRecord(row scanner) (backends.Record, error) {
 
 // Inspect implements [backends.Store].
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
+	if err := backends.ValidateKey(key); err != nil {
+		return backends.Record{}, err
+	}
 	rec, err := scanRecord(s.db.QueryRowContext(ctx, s.sql.inspect, []byte(key)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return backends.Record{}, backends.ErrNotFound
@@ -627,6 +630,9 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 // Delete implements [backends.Store]: a record past its retention is
 // deleted too, but reported as not found, as it already counted as absent.
 func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := backends.ValidateKey(key); err != nil {
+		return err
+	}
 	var n int64
 	err := retry(ctx, func() error {
 		res, err := s.db.ExecContext(ctx, s.sql.deleteLive, []byte(key))

@@ -388,6 +388,9 @@ func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
 
 // Inspect implements [backends.Store].
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
+	if err := backends.ValidateKey(key); err != nil {
+		return backends.Record{}, err
+	}
 	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.inspect, []byte(key)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return backends.Record{}, backends.ErrNotFound
@@ -437,6 +440,9 @@ func scanRecord(row pgx.Row) (backends.Record, error) {
 
 // Delete implements [backends.Store].
 func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := backends.ValidateKey(key); err != nil {
+		return err
+	}
 	var n int64
 	if err := s.db.QueryRow(ctx, s.sql.delete, []byte(key)).Scan(&n, nil); err != nil {
 		return opError("delete", err)

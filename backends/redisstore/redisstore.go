@@ -256,6 +256,9 @@ func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
 
 // Inspect implements [backends.Store].
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
+	if err := backends.ValidateKey(key); err != nil {
+		return backends.Record{}, err
+	}
 	vals, err := s.calls.run(ctx, inspectScript, s.redisKey(key)).Slice()
 	if errors.Is(err, redis.Nil) {
 		return backends.Record{}, backends.ErrNotFound
@@ -316,6 +319,9 @@ func state(s string, leaseExpires, now time.Time) backends.State {
 
 // Delete implements [backends.Store].
 func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := backends.ValidateKey(key); err != nil {
+		return err
+	}
 	n, err := s.calls.run(ctx, deleteScript, s.redisKey(key)).Int64()
 	if err != nil {
 		return opError(ctx, "delete", err)

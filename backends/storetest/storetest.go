@@ -678,7 +678,8 @@ func testInvalidRequests(t *testing.T, s *suite) {
 }
 
 // testLimits checks the bounds of the contract: keys of MaxKeyBytes
-// arbitrary bytes and durations of MaxDuration are served as any other;
+// arbitrary bytes, fingerprints of MaxFingerprintBytes and durations of
+// MaxDuration are served as any other;
 // one byte or nanosecond more is an invalid request, refused before the
 // server is asked, and changes nothing.
 func testLimits(t *testing.T, s *suite) {
@@ -727,6 +728,38 @@ func testLimits(t *testing.T, s *suite) {
 	l2 := s.mustAcquire(t, key2, s.owner(), long)
 	require.ErrorIs(t, s.Store.Renew(c, l2, over), backends.ErrInvalidRequest)
 	require.Equal(t, backends.StateInProgress, s.inspect(t, key2).State, "refused calls changed nothing")
+
+	// Inspect and Delete refuse a key no record can have, as Acquire does,
+	// before the server is asked; a valid key without a record is not
+	// found.
+	for name, k := range map[string]string{"empty key": "", "key over MaxKeyBytes": longKey + "x"} {
+		_, err := s.Store.Inspect(c, k)
+		require.ErrorIs(t, err, backends.ErrInvalidRequest, "Inspect: %s", name)
+		require.ErrorIs(t, s.Store.Delete(c, k), backends.ErrInvalidRequest, "Delete: %s", name)
+	}
+	absent := s.key("absent")
+	_, err = s.Store.Inspect(c, absent)
+	require.ErrorIs(t, err, backends.ErrNotFound)
+	require.ErrorIs(t, s.Store.Delete(c, absent), backends.ErrNotFound)
+
+	// The longest fingerprint is kept and returned whole, whatever the
+	// server's mode (a MySQL BLOB in non-strict mode would cut it
+	// silently); one byte more is an invalid request.
+	fp := make([]byte, backends.MaxFingerprintBytes)
+	for i := range fp {
+		fp[i] = byte(i*7 + 1)
+	}
+	fpKey := s.key("fp")
+	res, err = s.Store.Acquire(c, backends.AcquireRequest{Key: fpKey, Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: fp})
+	require.NoError(t, err)
+	require.Equal(t, fp, res.Fingerprint, "the longest fingerprint, whole")
+	require.Equal(t, fp, s.inspect(t, fpKey).Fingerprint)
+	again, err := s.Store.Acquire(c, backends.AcquireRequest{Key: fpKey, Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: fp})
+	require.NoError(t, err)
+	require.Equal(t, backends.InProgress, again.Status)
+	require.Equal(t, fp, again.Fingerprint)
+	_, err = s.Store.Acquire(c, backends.AcquireRequest{Key: s.key("fp-over"), Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: append(fp, 0)})
+	require.ErrorIs(t, err, backends.ErrInvalidRequest, "a fingerprint over MaxFingerprintBytes")
 }
 
 // testOwners checks what an owner may be: up to MaxOwnerBytes of UTF-8
