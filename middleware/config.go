@@ -80,7 +80,10 @@ type Config struct {
 	// two handlers consuming the same topic each process a message once.
 	// Defaults to the handler's name from the router; when the middleware
 	// runs outside a router, the message is rejected with ErrNoNamespace
-	// unless Namespace is set.
+	// unless Namespace is set. Set it when handlers share work rather than
+	// each doing its own: copies of one handler competing for a topic's
+	// messages (orders-0 … orders-3), a handler that is renamed, several
+	// services that must not each process a message.
 	Namespace string
 
 	// LeaseTTL is how long a processing lease lasts unless renewed. While
@@ -140,7 +143,12 @@ type Config struct {
 	// failures), and is the most a delivery that failed on the store waits
 	// before it is nacked (it waits half to all of it, at random). This
 	// keeps brokers that redeliver a nack at once (GoChannel, AMQP, Redis
-	// Streams, SQL) from hammering a failing store. Defaults to 2 seconds.
+	// Streams, SQL) from hammering a failing store. It also caps the pause
+	// before the nack of a message that fails for good ([IsPoison]: no key,
+	// a fingerprint mismatch, an output too large) again: its first
+	// failure is nacked at once, its n-th repeat after 100ms·2ⁿ⁻¹, so that
+	// such a message comes back about once per MaxStoreBackoff instead of
+	// as fast as the broker can redeliver it. Defaults to 2 seconds.
 	MaxStoreBackoff time.Duration
 
 	// MaxKeyBytes is the longest full key (namespace included) accepted;
@@ -180,9 +188,13 @@ type Config struct {
 	FailOpen bool
 
 	// Logger receives one log line per delivery: failures (store errors,
-	// lost leases, key errors, processed_not_recorded) at Error level,
-	// duplicates and in-flight nacks at Debug, routine outcomes (processed,
-	// handler failed) at Trace. Defaults to watermill.NopLogger.
+	// lost leases, key errors, processed_not_recorded) at Error level, at
+	// most one a second for each outcome (a line after left-out ones
+	// carries their count as suppressed_since_last), duplicates and
+	// in-flight nacks at Debug, routine outcomes (processed, handler
+	// failed) at Trace. Once per pair, at Info, two handlers that take
+	// messages of one topic under the default namespace. Defaults to
+	// watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 
 	// Observer is told the outcome of every delivery, for metrics and

@@ -23,8 +23,11 @@ import (
 // concurrent use and may be shared by several handlers: each gets its own
 // key namespace (the handler name) unless Config.Namespace is set.
 type Idempotency struct {
-	cfg   Config
-	guard *guard
+	cfg      Config
+	guard    *guard
+	repeats  *repeats
+	logs     logLimit
+	handlers topicHandlers
 }
 
 // New returns the middleware for cfg, or an error wrapping
@@ -34,7 +37,7 @@ func New(cfg Config) (*Idempotency, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Idempotency{cfg: cfg, guard: newGuard(cfg.MaxConcurrentAcquires, cfg.MaxStoreBackoff)}, nil
+	return &Idempotency{cfg: cfg, guard: newGuard(cfg.MaxConcurrentAcquires, cfg.MaxStoreBackoff), repeats: newRepeats(cfg.MaxStoreBackoff)}, nil
 }
 
 // Owner tokens are unique per delivery attempt: 64 random bits chosen once
@@ -88,6 +91,7 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 	d := &delivery{msg: msg, ctx: context.WithoutCancel(msg.Context())}
 	d.ev.MessageUUID = msg.UUID
 	d.ev.Handler = message.HandlerNameFromCtx(msg.Context())
+	m.warnSharedTopic(msg, d.ev.Handler)
 
 	key, err := m.key(msg, d.ev.Handler)
 	if err != nil {
@@ -554,6 +558,11 @@ func (m *Idempotency) finish(d *delivery, o Outcome, out []*message.Message, err
 	if m.cfg.Observer != nil {
 		m.cfg.Observer.Observe(d.ctx, d.ev)
 	}
+	if err != nil && IsPoison(err) {
+		// It will fail the same way when it comes back: do not let a
+		// broker that redelivers at once spin on it (pace.go).
+		sleepCtx(d.msg.Context(), m.repeats.failed(d.ev.MessageUUID, time.Now()))
+	}
 	return out, err
 }
 
@@ -585,6 +594,8 @@ func (m *Idempotency) log(d *delivery) {
 	case OutcomeDuplicate, OutcomeInProgress:
 		m.cfg.Logger.Debug("idempotency: "+o.String(), f)
 	default:
-		m.cfg.Logger.Error("idempotency: "+o.String(), d.ev.Err, f)
+		if m.logs.allow(o, time.Now(), f) {
+			m.cfg.Logger.Error("idempotency: "+o.String(), d.ev.Err, f)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 // snippet:quickstart
 import (
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
@@ -18,7 +19,7 @@ import (
 
 var _ = quickstart
 
-func quickstart(router *message.Router, sub message.Subscriber, redisClient redis.UniversalClient,
+func quickstart(router *message.Router, sub message.Subscriber, pub message.Publisher, redisClient redis.UniversalClient,
 	charge func(ctx context.Context, msg *message.Message, fence int64) error) error {
 	// snippet:quickstart
 	store, err := redisstore.New(redisClient, redisstore.Options{}) // any go-redis v9 client
@@ -32,7 +33,13 @@ func quickstart(router *message.Router, sub message.Subscriber, redisClient redi
 	if err != nil {
 		return err // invalid config is an error, never a panic
 	}
-	router.AddMiddleware(idem.Middleware)
+	// Messages that can never succeed (no key, another payload under a
+	// known key) go to a poison topic; an in-flight duplicate never does.
+	poison, err := middleware.PoisonQueueWithFilter(pub, "orders.poison", idempotency.IsPoison)
+	if err != nil {
+		return err
+	}
+	router.AddMiddleware(poison, idem.Middleware) // the poison queue outside
 
 	router.AddConsumerHandler("charge-order", "orders", sub, func(msg *message.Message) error {
 		lease, _ := idempotency.LeaseFromContext(msg.Context()) // lease.Token fences your writes
