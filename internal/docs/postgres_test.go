@@ -2,6 +2,7 @@ package docs
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -23,12 +24,18 @@ var _, _ = postgresSetup, completeTx
 // ctx is the context the router runs with.
 func postgresSetup(ctx context.Context, router *message.Router) error {
 	// snippet:postgres
-	// The store's own pool: lease keeping never waits behind business queries.
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	// The store's own small pool, apart from the one your handlers use:
+	// lease keeping never waits behind business queries.
+	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
 	if err != nil {
 		return err
 	}
-	store, err := pgstore.New(pool, pgstore.Options{}) // a *pgxpool.Pool, *pgx.Conn or pgx.Tx
+	cfg.MaxConns = 4
+	storePool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	store, err := pgstore.New(storePool, pgstore.Options{})
 	if err != nil {
 		return err
 	}
@@ -47,20 +54,32 @@ func postgresSetup(ctx context.Context, router *message.Router) error {
 	return nil
 }
 
-func completeTx(pool *pgxpool.Pool, store *pgstore.Store) message.HandlerFunc {
+func completeTx(db *pgxpool.Pool, store *pgstore.Store) message.HandlerFunc {
 	// snippet:complete-tx
+	// db is your application's pool (not the store's), with the table
+	//
+	//	CREATE TABLE charges (order_id text PRIMARY KEY, amount_cents bigint NOT NULL);
 	charge := func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
 		lease, _ := idempotency.LeaseFromContext(ctx)
-		out := []*message.Message{message.NewMessage("receipt-"+msg.UUID, msg.Payload)}
+		var order struct {
+			OrderID     string `json:"order_id"` // the key: keyfunc.JSONField("order_id")
+			AmountCents int64  `json:"amount_cents"`
+		}
+		if err := json.Unmarshal(msg.Payload, &order); err != nil {
+			return nil, err
+		}
+		// The messages this handler publishes (nil if none): stored with
+		// the completion and replayed to every duplicate.
+		out := []*message.Message{message.NewMessage("receipt-"+order.OrderID, msg.Payload)}
 
-		tx, err := pool.Begin(ctx)
+		tx, err := db.Begin(ctx)
 		if err != nil {
 			return nil, err
 		}
 		defer tx.Rollback(ctx) //nolint:errcheck // after Commit it does nothing
-		if _, err := tx.Exec(ctx, `INSERT INTO charges (order_id, amount) VALUES ($1, $2)`,
-			msg.Metadata.Get("order_id"), msg.Metadata.Get("amount")); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO charges (order_id, amount_cents) VALUES ($1, $2)`,
+			order.OrderID, order.AmountCents); err != nil {
 			return nil, err
 		}
 		// The completion, with the messages to replay to duplicates,
