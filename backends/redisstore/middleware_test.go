@@ -262,3 +262,32 @@ func TestWrongTypeIsRejected(t *testing.T) {
 	require.ErrorIs(t, err, backends.ErrRejected)
 	require.EqualValues(t, 1, calls.Load(), "not retried")
 }
+
+// Watermill's Deduplicator on Redis (middleware.KeyRepository): of many
+// instances checking one key at once, each with a client of its own,
+// exactly one finds it new.
+func TestKeyRepositoryOnRedis(t *testing.T) {
+	prefix := testserver.Unique("keyrepo:")
+	var fresh atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		client := redis.NewClient(&redis.Options{Addr: testserver.RedisClient(t).Options().Addr})
+		t.Cleanup(func() { _ = client.Close() })
+		s, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		repo, err := idempotency.NewKeyRepository(s, time.Minute)
+		require.NoError(t, err)
+		wg.Go(func() {
+			for i := range 50 {
+				dup, err := repo.IsDuplicate(context.Background(), fmt.Sprintf("k%d", i))
+				require.NoError(t, err)
+				if !dup {
+					fresh.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.EqualValues(t, 50, fresh.Load(), "each of 50 keys new once")
+}

@@ -19,7 +19,7 @@ import (
 
 // end snippet
 
-var _ = migrating
+var _, _ = migrating, sharedRepository
 
 func migrating(router *message.Router, repo middleware.ExpiringKeyRepository, store backends.Store) error {
 	// snippet:migrating
@@ -41,6 +41,25 @@ func migrating(router *message.Router, repo middleware.ExpiringKeyRepository, st
 		return err
 	}
 	router.AddMiddleware(idem.Middleware)
+	// end snippet
+	return nil
+}
+
+func sharedRepository(router *message.Router, store backends.Store) error {
+	// snippet:repository
+	// A first step: the Deduplicator as it is, sharing what it saw through
+	// the store (redisstore, pgstore, mysqlstore, dynamostore) instead of
+	// one process's memory. Its flaws stay (see above).
+	repo, err := idempotency.NewKeyRepository(store, time.Minute) // the window
+	if err != nil {
+		return err
+	}
+	dedup := &middleware.Deduplicator{
+		KeyFactory: middleware.NewMessageHasherSHA256(math.MaxInt64),
+		Repository: repo,
+		Timeout:    time.Minute,
+	}
+	router.AddMiddleware(dedup.Middleware)
 	// end snippet
 	return nil
 }
