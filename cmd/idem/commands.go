@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -18,11 +20,79 @@ import (
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
+// The values of the action field in the JSON output of release, complete
+// and delete. They are stable: scripts compare them.
+const (
+	actionReleased         = "released"          // release: the lease is given up; the next delivery runs
+	actionCompleted        = "completed"         // complete: the key is completed; the next delivery is dropped
+	actionAlreadyCompleted = "already_completed" // complete: it was completed already; nothing changed
+	actionDeleted          = "deleted"           // delete: the record is gone; the next delivery runs
+	actionNotFound         = "not_found"         // exit 2: the key has no record
+	actionLeaseHeld        = "lease_held"        // exit 3: a live lease holds the key; --force to act anyway
+	actionNoLease          = "no_lease"          // exit 3: release found no lease to give up
+	actionChanged          = "changed"           // exit 3: the record changed since it was inspected; nothing changed
+)
+
+// actions lists every action, for the tests and the docs.
+var actions = []string{actionReleased, actionCompleted, actionAlreadyCompleted, actionDeleted,
+	actionNotFound, actionLeaseHeld, actionNoLease, actionChanged}
+
+// outcome is what a command that acts on one key did.
+type outcome struct {
+	action, message string
+	// record is the key's record afterwards, if there is one to show.
+	record *backends.Record
+}
+
+// actionView is the JSON output of release, complete and delete.
+type actionView struct {
+	Key       string      `json:"key"`
+	KeyBase64 string      `json:"key_base64,omitempty"`
+	Action    string      `json:"action"`
+	Message   string      `json:"message"`
+	Record    *recordView `json:"record,omitempty"`
+}
+
+// act runs do, which acts on key, and reports its outcome. With -o json a
+// refusal or a missing record is reported on stdout too, with its action,
+// as well as by its exit code and its line on stderr.
+func (e *env) act(key string, do func() (outcome, error)) error {
+	o, err := do()
+	var coded codedError
+	switch {
+	case err == nil:
+	case e.g.output == "json" && errors.As(err, &coded) && coded.action != "":
+		if perr := printJSON(e.stdout, newActionView(key, coded.action, coded.err.Error(), nil)); perr != nil {
+			return perr
+		}
+		return err
+	default:
+		return err
+	}
+	if e.g.output == "json" {
+		return printJSON(e.stdout, newActionView(key, o.action, o.message, o.record))
+	}
+	fmt.Fprintf(e.stdout, "%q: %s\n", key, o.message)
+	return nil
+}
+
+func newActionView(key, action, message string, rec *backends.Record) actionView {
+	v := actionView{Key: key, Action: action, Message: message}
+	if !utf8.ValidString(key) {
+		v.KeyBase64 = base64.StdEncoding.EncodeToString([]byte(key))
+	}
+	if rec != nil {
+		r := viewRecord(*rec, time.Now())
+		v.Record = &r
+	}
+	return v
+}
+
 // inspect returns the key's record, or a not-found error.
 func (e *env) inspect(ctx context.Context, key string) (backends.Record, error) {
 	rec, err := e.store.Inspect(ctx, key)
 	if errors.Is(err, backends.ErrNotFound) {
-		return rec, notFound("%q: no record (never seen, or forgotten after its retention)", key)
+		return rec, notFound(key, "has no record (never seen, or forgotten after its retention)")
 	}
 	return rec, err
 }
@@ -34,19 +104,6 @@ func (e *env) show(rec backends.Record) error {
 		return printJSON(e.stdout, v)
 	}
 	printRecord(e.stdout, v)
-	return nil
-}
-
-// done reports what a command did, as text or as JSON.
-func (e *env) done(key, action string, rec *backends.Record) error {
-	if e.g.output == "json" {
-		out := map[string]any{"key": key, "action": action}
-		if rec != nil {
-			out["record"] = viewRecord(*rec, time.Now())
-		}
-		return printJSON(e.stdout, out)
-	}
-	fmt.Fprintf(e.stdout, "%q: %s\n", key, action)
 	return nil
 }
 
@@ -84,7 +141,7 @@ var inspectCmd = &command{
 			}
 		}
 		if missing > 0 {
-			return notFound("%d of %d keys not found", missing, len(args))
+			return notFound("", "%d of %d keys not found", missing, len(args))
 		}
 		return nil
 	},
@@ -98,21 +155,23 @@ var releaseCmd = &command{
 			return err
 		}
 		key := args[0]
-		rec, err := e.inspect(ctx, key)
-		if err != nil {
-			return err
-		}
-		if rec.State != backends.StateInProgress && rec.State != backends.StateExpired {
-			return refused("%q is %s: there is no lease to release", key, rec.State)
-		}
-		err = e.store.Release(ctx, leaseOf(rec))
-		if errors.Is(err, backends.ErrLeaseLost) {
-			return refused("%q changed since it was inspected (owner %s, token %d): nothing released", key, rec.Owner, rec.Token)
-		}
-		if err != nil {
-			return err
-		}
-		return e.done(key, fmt.Sprintf("released the lease of owner %s, token %d: the next delivery runs", rec.Owner, rec.Token), nil)
+		return e.act(key, func() (outcome, error) {
+			rec, err := e.inspect(ctx, key)
+			if err != nil {
+				return outcome{}, err
+			}
+			if rec.State != backends.StateInProgress && rec.State != backends.StateExpired {
+				return outcome{}, refused(actionNoLease, key, "is %s: there is no lease to release", rec.State)
+			}
+			err = e.store.Release(ctx, leaseOf(rec))
+			if errors.Is(err, backends.ErrLeaseLost) {
+				return outcome{}, refused(actionChanged, key, "changed since it was inspected (owner %s, token %d): nothing released", rec.Owner, rec.Token)
+			}
+			if err != nil {
+				return outcome{}, err
+			}
+			return outcome{action: actionReleased, message: fmt.Sprintf("released the lease of owner %s, token %d: the next delivery runs", rec.Owner, rec.Token)}, nil
+		})
 	},
 }
 
@@ -123,16 +182,17 @@ func operatorOwner() string {
 }
 
 type completeOpts struct {
-	force     bool
-	retention time.Duration
+	force, create bool
+	retention     time.Duration
 }
 
 var completeCmd = &command{
 	name: "complete", args: "KEY", store: true,
-	help: "mark KEY as handled, without output: the next delivery is dropped as a duplicate; --force takes a live lease",
+	help: "mark KEY as handled, without output: the next delivery is dropped as a duplicate; --force takes a live lease, --create records a key that has no record",
 	flags: func(fs *flag.FlagSet) any {
 		o := &completeOpts{}
 		fs.BoolVar(&o.force, "force", false, "also when a live lease holds the key (its holder's completion will then fail)")
+		fs.BoolVar(&o.create, "create", false, "also when the key has no record: record it as completed")
 		fs.DurationVar(&o.retention, "retention", idempotency.DefaultRetention, "how long the completed key is remembered")
 		return o
 	},
@@ -142,42 +202,54 @@ var completeCmd = &command{
 			return err
 		}
 		key := args[0]
-		rec, err := e.store.Inspect(ctx, key)
-		switch {
-		case errors.Is(err, backends.ErrNotFound):
-		case err != nil:
-			return err
-		case rec.State == backends.StateCompleted:
-			return e.done(key, "already completed", &rec)
-		case live(rec) && !o.force:
-			return refused("%q is held by owner %s (token %d) for %v more: --force to complete it anyway",
-				key, rec.Owner, rec.Token, time.Until(rec.LeaseExpiresAt).Round(time.Millisecond))
-		case live(rec):
-			if err := e.store.Release(ctx, leaseOf(rec)); errors.Is(err, backends.ErrLeaseLost) {
-				return refused("%q changed since it was inspected: not completed", key)
-			} else if err != nil {
-				return err
-			}
+		if ns, _, ok := strings.Cut(key, ":"); o.create && (!ok || ns == "") {
+			return usageError{fmt.Errorf("%q has no namespace: --create takes the full key, namespace:key, where the namespace is the handler's name unless Config.Namespace is set", key)}
 		}
-		res, err := e.store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: operatorOwner(), LeaseTTL: 30 * time.Second, Retention: o.retention})
-		if err != nil {
-			return err
-		}
-		switch res.Status {
-		case backends.Completed:
-			return e.done(key, "already completed", nil)
-		case backends.InProgress:
-			return refused("%q was taken by another holder since it was inspected: not completed", key)
-		}
-		if err := e.store.Complete(ctx, res.Lease, nil); err != nil {
-			return err
-		}
-		after, err := e.inspect(ctx, key)
-		if err != nil {
-			return err
-		}
-		return e.done(key, fmt.Sprintf("completed with token %d: the next delivery is dropped", res.Lease.Token), &after)
+		return e.act(key, func() (outcome, error) { return complete(ctx, e, o, key) })
 	},
+}
+
+func complete(ctx context.Context, e *env, o *completeOpts, key string) (outcome, error) {
+	rec, err := e.store.Inspect(ctx, key)
+	switch {
+	case errors.Is(err, backends.ErrNotFound):
+		if !o.create {
+			return outcome{}, notFound(key, "has no record, so nothing to complete: --create to record it as completed")
+		}
+	case err != nil:
+		return outcome{}, err
+	case rec.State == backends.StateCompleted:
+		return outcome{actionAlreadyCompleted, "already completed: the next delivery is dropped", &rec}, nil
+	case live(rec) && !o.force:
+		return outcome{}, refused(actionLeaseHeld, key, "is held by owner %s (token %d) for %v more: --force to complete it anyway",
+			rec.Owner, rec.Token, time.Until(rec.LeaseExpiresAt).Round(time.Millisecond))
+	case live(rec):
+		if err := e.store.Release(ctx, leaseOf(rec)); errors.Is(err, backends.ErrLeaseLost) {
+			return outcome{}, refused(actionChanged, key, "changed since it was inspected: not completed")
+		} else if err != nil {
+			return outcome{}, err
+		}
+	}
+	res, err := e.store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: operatorOwner(), LeaseTTL: 30 * time.Second, Retention: o.retention})
+	if err != nil {
+		return outcome{}, err
+	}
+	switch res.Status {
+	case backends.Completed:
+		return outcome{actionAlreadyCompleted, "already completed: the next delivery is dropped", nil}, nil
+	case backends.InProgress:
+		return outcome{}, refused(actionChanged, key, "was taken by another holder since it was inspected: not completed")
+	}
+	if err := e.store.Complete(ctx, res.Lease, nil); errors.Is(err, backends.ErrLeaseLost) {
+		return outcome{}, refused(actionChanged, key, "was taken from idem's lease before it completed: not completed")
+	} else if err != nil {
+		return outcome{}, err
+	}
+	after, err := e.inspect(ctx, key)
+	if err != nil {
+		return outcome{}, err
+	}
+	return outcome{actionCompleted, fmt.Sprintf("completed with token %d: the next delivery is dropped", res.Lease.Token), &after}, nil
 }
 
 type forceOpts struct{ force bool }
@@ -195,20 +267,22 @@ var deleteCmd = &command{
 			return err
 		}
 		key := args[0]
-		rec, err := e.inspect(ctx, key)
-		if err != nil {
-			return err
-		}
-		if live(rec) && !opts.(*forceOpts).force {
-			return refused("%q is held by owner %s (token %d) for %v more: --force to delete it anyway",
-				key, rec.Owner, rec.Token, time.Until(rec.LeaseExpiresAt).Round(time.Millisecond))
-		}
-		if err := e.store.Delete(ctx, key); errors.Is(err, backends.ErrNotFound) {
-			return notFound("%q: gone since it was inspected", key)
-		} else if err != nil {
-			return err
-		}
-		return e.done(key, fmt.Sprintf("deleted (was %s, token %d): the next delivery runs", rec.State, rec.Token), nil)
+		return e.act(key, func() (outcome, error) {
+			rec, err := e.inspect(ctx, key)
+			if err != nil {
+				return outcome{}, err
+			}
+			if live(rec) && !opts.(*forceOpts).force {
+				return outcome{}, refused(actionLeaseHeld, key, "is held by owner %s (token %d) for %v more: --force to delete it anyway",
+					rec.Owner, rec.Token, time.Until(rec.LeaseExpiresAt).Round(time.Millisecond))
+			}
+			if err := e.store.Delete(ctx, key); errors.Is(err, backends.ErrNotFound) {
+				return outcome{}, notFound(key, "is gone since it was inspected")
+			} else if err != nil {
+				return outcome{}, err
+			}
+			return outcome{action: actionDeleted, message: fmt.Sprintf("deleted (was %s, token %d): the next delivery runs", rec.State, rec.Token)}, nil
+		})
 	},
 }
 
@@ -234,6 +308,9 @@ var listCmd = &command{
 			return err
 		}
 		req := backends.ListRequest{Namespace: o.namespace, Limit: o.limit, Cursor: o.cursor}
+		if err := checkCursor(req); err != nil {
+			return usageError{err}
+		}
 		if o.state != "" {
 			st, err := backends.ParseState(o.state)
 			if err != nil {
@@ -267,6 +344,29 @@ var listCmd = &command{
 	},
 }
 
+// checkCursor refuses a --cursor that no page of the request's namespace
+// printed. A cursor is the last key of its page, base64url-encoded
+// (backends.ListCursor): it must decode, be encoded as a page encodes it,
+// and name a key in the namespace, which every key the middleware writes
+// has. A store would take any decodable cursor, and answer a mistyped one
+// with a page that is wrongly empty.
+func checkCursor(req backends.ListRequest) error {
+	if req.Cursor == "" {
+		return nil
+	}
+	after, err := req.After()
+	if err != nil || backends.ListCursor(after) != req.Cursor {
+		return fmt.Errorf("--cursor %q is not a cursor idem list printed", req.Cursor)
+	}
+	if ns, _, ok := strings.Cut(after, ":"); !ok || ns == "" {
+		return fmt.Errorf("--cursor %q is not a cursor idem list printed: it names no namespace:key", req.Cursor)
+	}
+	if !strings.HasPrefix(after, req.Prefix()) {
+		return fmt.Errorf("--cursor %q is not a cursor of namespace %q: it continues after %q", req.Cursor, req.Namespace, after)
+	}
+	return nil
+}
+
 type namespaceOpts struct{ namespace string }
 
 var statsCmd = &command{
@@ -297,38 +397,25 @@ var statsCmd = &command{
 }
 
 type keyOpts struct {
-	jsonField, metadata, namespace, uuid string
+	metadata, namespace, uuid            string
+	jsonField                            stringsFlag
 	byUUID, payloadHash, hashed, inspect bool
 	set                                  metadataFlag
 }
 
-// metadataFlag collects repeated --set name=value flags.
-type metadataFlag map[string]string
-
-func (m metadataFlag) String() string { return "" }
-
-func (m metadataFlag) Set(v string) error {
-	name, value, ok := strings.Cut(v, "=")
-	if !ok || name == "" {
-		return fmt.Errorf("want name=value, got %q", v)
-	}
-	m[name] = value
-	return nil
-}
-
 var keyCmd = &command{
 	name: "key", args: "< PAYLOAD",
-	help: "compute a message's key as the middleware does, from the payload on stdin; --inspect looks it up",
+	help: "compute a message's stored key as the middleware does, namespace:key, from the payload on stdin; --inspect looks it up",
 	flags: func(fs *flag.FlagSet) any {
-		o := &keyOpts{set: metadataFlag{}}
-		fs.StringVar(&o.jsonField, "json-field", "", "keyfunc.JSONField: a field of the JSON payload, nested fields joined by dots (order.id)")
+		o := &keyOpts{}
+		fs.Var(&o.jsonField, "json-field", "keyfunc.JSONField: a field `name` of the JSON payload, taken literally; repeat it once per level: --json-field order --json-field id is JSONField(\"order\", \"id\")")
 		fs.StringVar(&o.metadata, "metadata", "", "keyfunc.Metadata: a metadata entry (give it with --set)")
 		fs.BoolVar(&o.byUUID, "uuid", false, "keyfunc.UUID: the message UUID (give it with --message-uuid)")
 		fs.BoolVar(&o.payloadHash, "payload-hash", false, "keyfunc.PayloadHash: the SHA-256 of the payload")
 		fs.BoolVar(&o.hashed, "hashed", false, "keyfunc.Hashed around the extractor")
-		fs.StringVar(&o.namespace, "namespace", "", "the namespace: the handler name, or Config.Namespace")
+		fs.StringVar(&o.namespace, "namespace", "", "required: the namespace, the handler's name unless Config.Namespace is set")
 		fs.StringVar(&o.uuid, "message-uuid", "", "the message's UUID")
-		fs.Var(o.set, "set", "a metadata entry name=value (repeatable)")
+		fs.Var(&o.set, "set", "a metadata entry `name=value` (repeatable)")
 		fs.BoolVar(&o.inspect, "inspect", false, "also print the key's record from the store")
 		return o
 	},
@@ -336,6 +423,12 @@ var keyCmd = &command{
 		o := opts.(*keyOpts)
 		if err := exactArgs(args, 0, "no arguments (the payload comes on stdin)"); err != nil {
 			return err
+		}
+		// The middleware stores namespace + ":" + the extracted key, the
+		// namespace being the handler's name unless Config.Namespace is
+		// set: without it there is no stored key to print.
+		if o.namespace == "" {
+			return usageError{errors.New("--namespace is required: the middleware stores namespace:key, where the namespace is the handler's name unless Config.Namespace is set")}
 		}
 		ex, err := o.extractor()
 		if err != nil {
@@ -346,7 +439,7 @@ var keyCmd = &command{
 			return fmt.Errorf("reading the payload: %w", err)
 		}
 		msg := message.NewMessage(o.uuid, payload)
-		for k, v := range o.set {
+		for k, v := range o.set.entries {
 			msg.Metadata.Set(k, v)
 		}
 		k, err := ex.Key(msg)
@@ -354,11 +447,13 @@ var keyCmd = &command{
 			err = errors.New("the extractor returned an empty key")
 		}
 		if err != nil {
+			if errors.Is(err, keyfunc.ErrNoKey) && len(o.jsonField.values) == 1 && strings.Contains(o.jsonField.values[0], ".") {
+				err = fmt.Errorf("%w (--json-field takes one field name per level, as keyfunc.JSONField does: --json-field %s)",
+					err, strings.Join(strings.Split(o.jsonField.values[0], "."), " --json-field "))
+			}
 			return fmt.Errorf("no key: %w", err)
 		}
-		if o.namespace != "" {
-			k = o.namespace + ":" + k
-		}
+		k = o.namespace + ":" + k
 		if !o.inspect {
 			if e.g.output == "json" {
 				return printJSON(e.stdout, map[string]string{"key": k})
@@ -366,10 +461,7 @@ var keyCmd = &command{
 			fmt.Fprintln(e.stdout, k)
 			return nil
 		}
-		if o.namespace == "" {
-			return usageError{errors.New("--inspect needs --namespace: stored keys are namespace:key")}
-		}
-		s, closeFn, err := openStore(ctx, e.g, true)
+		s, closeFn, err := storeOpener(ctx, e.g, true)
 		if err != nil {
 			return err
 		}
@@ -383,10 +475,12 @@ var keyCmd = &command{
 	},
 }
 
+// extractor is the keyfunc extractor the flags name, built by keyfunc
+// itself so that idem computes the key the middleware computes.
 func (o *keyOpts) extractor() (keyfunc.Extractor, error) {
 	var chosen []keyfunc.Extractor
-	if o.jsonField != "" {
-		chosen = append(chosen, keyfunc.JSONField(strings.Split(o.jsonField, ".")...))
+	if len(o.jsonField.values) > 0 {
+		chosen = append(chosen, keyfunc.JSONField(o.jsonField.values...))
 	}
 	if o.metadata != "" {
 		chosen = append(chosen, keyfunc.Metadata(o.metadata))

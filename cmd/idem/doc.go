@@ -4,11 +4,11 @@
 //
 //	idem inspect [flags] KEY...          state, owner, token, time left, stored output
 //	idem release [flags] KEY             give up a stuck lease (only the one inspected)
-//	idem complete [flags] KEY [--force]  mark as handled: the next delivery is dropped
+//	idem complete [flags] KEY [--force] [--create]  mark as handled: the next delivery is dropped
 //	idem delete [flags] KEY [--force]    forget the key: the next delivery runs
 //	idem list [flags] [--namespace H] [--state S] [--limit N] [--cursor C]
 //	idem stats [flags] [--namespace H]   records by state
-//	idem key --json-field F | --metadata N | --uuid | --payload-hash [--namespace H] [--inspect] < payload
+//	idem key --namespace H (--json-field NAME... | --metadata N | --uuid | --payload-hash) [--inspect] < payload
 //	idem pg migrate | schema | cleanup [flags] [--batch N]
 //	idem mysql migrate | schema | cleanup [flags] [--batch N]
 //	idem dynamodb create-table [flags] [--no-ttl]
@@ -20,10 +20,17 @@
 // user:password@tcp(host:3306)/db) and --mysql-table; or --dynamo-table,
 // --dynamo-clock-skew and, for LocalStack or dynalite, --dynamo-endpoint,
 // with the region and credentials from the AWS environment and config
-// files (AWS_REGION, AWS_PROFILE...). Each flag defaults to its IDEM_*
-// environment variable. Without --store, idem takes postgres if --pg-url
-// is set, mysql if --mysql-dsn is, else redis. -o json prints JSON.
+// files (AWS_REGION, AWS_PROFILE...). Every flag defaults to its
+// environment variable: IDEM_ and its name in capitals, dashes as
+// underscores (--redis-url: IDEM_REDIS_URL). Without --store, idem takes
+// postgres if --pg-url is set, mysql if --mysql-dsn is, else redis.
+// --timeout bounds the whole command, every store call included. -o json
+// prints JSON; release, complete and delete then print an action, one of
+// released, completed, already_completed, deleted, not_found, lease_held,
+// no_lease and changed.
 //
-// Exit codes: 0 done, 1 error, 2 key not found, 3 refused (the record
-// changed since it was inspected, or a live lease needs --force).
+// Exit codes: 0 done, 1 error (a usage error, or a store that does not
+// answer or answers with an error), 2 key not found, 3 refused (the record
+// changed since it was inspected, a live lease needs --force, or there is
+// no lease to release).
 package main

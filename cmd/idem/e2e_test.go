@@ -63,6 +63,9 @@ func middlewareFor(ctx context.Context, ns string, counters *idempotency.Counter
 	g := &globals{}
 	fs := flag.NewFlagSet("test", flag.ContinueOnError)
 	g.register(fs)
+	if err := fromEnv(fs); err != nil {
+		return nil, nil, err
+	}
 	if err := g.validate(); err != nil {
 		return nil, nil, err
 	}
@@ -152,16 +155,21 @@ func dynamoEnv(t *testing.T) []string {
 	endpoint := service(t, "DYNAMODB_ENDPOINT")
 	table := strings.ReplaceAll(unique("idem-e2e-"), ":", "")
 	t.Cleanup(func() {
-		client := dynamodb.New(dynamodb.Options{Region: "us-east-1", BaseEndpoint: aws.String(endpoint),
-			Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
-				return aws.Credentials{AccessKeyID: "test", SecretAccessKey: "test"}, nil
-			})})
-		_, _ = client.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
+		_, _ = dynamoClient(t).DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
 	})
 	return []string{
 		"IDEM_STORE=dynamodb", "IDEM_DYNAMO_ENDPOINT=" + endpoint, "IDEM_DYNAMO_TABLE=" + table,
 		"AWS_REGION=us-east-1", "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test",
 	}
+}
+
+// dynamoClient is a client of the DynamoDB at $DYNAMODB_ENDPOINT, signed
+// with the static credentials emulators accept.
+func dynamoClient(t testing.TB) *dynamodb.Client {
+	return dynamodb.New(dynamodb.Options{Region: "us-east-1", BaseEndpoint: aws.String(service(t, "DYNAMODB_ENDPOINT")),
+		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			return aws.Credentials{AccessKeyID: "test", SecretAccessKey: "test"}, nil
+		})})
 }
 
 // result is one run of the binary.
@@ -285,7 +293,9 @@ func testLifecycle(t *testing.T, env []string) {
 	// at once, with the next token.
 	require.Equal(t, exitRefused, idem(t, env, "", "delete", "charge:order-1").code)
 	require.Contains(t, ok(t, env, "release", "charge:order-1"), "released the lease of owner")
-	require.Equal(t, exitRefused, idem(t, env, "", "release", "charge:order-1").code, "nothing left to release")
+	r = idem(t, env, "", "release", "charge:order-1", "-o", "json")
+	require.Equal(t, exitRefused, r.code, "nothing left to release")
+	require.Equal(t, actionNoLease, actionOf(t, r.stdout))
 	var runs atomic.Int32
 	start := time.Now()
 	lease, err := deliver(t, "charge", "order-1", &runs, nil, false)
@@ -294,15 +304,30 @@ func testLifecycle(t *testing.T, env []string) {
 	require.EqualValues(t, 2, lease.Token)
 	require.Less(t, time.Since(start), leaseTTL/5, "well before the lease TTL")
 
-	// complete: the next delivery is a duplicate; the handler does not run.
-	require.Contains(t, ok(t, env, "complete", "charge:order-2"), "completed with token 1")
+	// complete needs a record unless --create: the next delivery is then a
+	// duplicate; the handler does not run.
+	r = idem(t, env, "", "complete", "charge:order-2")
+	require.Equal(t, exitNotFound, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stderr, `"charge:order-2" has no record, so nothing to complete: --create`)
+	r = idem(t, env, "", "complete", "charge:order-2", "-o", "json")
+	require.Equal(t, exitNotFound, r.code, r.stdout+r.stderr)
+	require.Equal(t, actionNotFound, actionOf(t, r.stdout))
+	require.Equal(t, exitNotFound, idem(t, env, "", "inspect", "charge:order-2").code, "a failed complete creates no record")
+	r = idem(t, env, "", "complete", "charge:order-2", "--create", "-o", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, actionCompleted, actionOf(t, r.stdout))
+	require.Contains(t, r.stdout, `"message":"completed with token 1: the next delivery is dropped"`)
 	_, err = deliver(t, "charge", "order-2", &runs, nil, false)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, runs.Load(), "order-2 was dropped")
 	require.Contains(t, ok(t, env, "complete", "charge:order-2"), "already completed")
+	require.Equal(t, actionAlreadyCompleted, actionOf(t, ok(t, env, "complete", "charge:order-2", "-o", "json")))
 
 	// delete a completed key: the handler runs again, with the next token.
-	require.Contains(t, ok(t, env, "delete", "charge:order-1"), "deleted (was completed, token 2)")
+	r = idem(t, env, "", "delete", "charge:order-1", "-o", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, actionDeleted, actionOf(t, r.stdout))
+	require.Contains(t, r.stdout, `"message":"deleted (was completed, token 2): the next delivery runs"`)
 	lease, err = deliver(t, "charge", "order-1", &runs, nil, false)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, runs.Load(), "order-1 ran again")
@@ -311,10 +336,14 @@ func testLifecycle(t *testing.T, env []string) {
 	// A live lease: complete and delete refuse without --force.
 	holder, _ = startHolder(t, env, "order-3")
 	defer holder.Process.Kill() //nolint:errcheck
-	require.Equal(t, exitRefused, idem(t, env, "", "complete", "charge:order-3").code)
+	r = idem(t, env, "", "complete", "charge:order-3", "-o", "json")
+	require.Equal(t, exitRefused, r.code, r.stdout+r.stderr)
+	require.Equal(t, actionLeaseHeld, actionOf(t, r.stdout))
 	require.Contains(t, ok(t, env, "complete", "charge:order-3", "--force"), "completed with token 2")
 	require.Equal(t, "completed", inspectJSON(t, env, "charge:order-3").State)
-	require.Equal(t, exitNotFound, idem(t, env, "", "delete", "charge:nope").code)
+	r = idem(t, env, "", "delete", "charge:nope", "-o", "json")
+	require.Equal(t, exitNotFound, r.code)
+	require.Equal(t, actionNotFound, actionOf(t, r.stdout))
 
 	// inspect decodes the output a duplicate would replay.
 	idemMW, closeFn, err := middlewareFor(context.Background(), "charge", nil)
@@ -370,7 +399,19 @@ func testListAndStats(t *testing.T, env []string) {
 	}
 	require.Equal(t, []string{"page:k0", "page:k1", "page:k2", "page:k3", "page:k4"}, keys)
 	require.Contains(t, ok(t, env, "list", "--namespace", "page", "--limit", "2"), "more: --cursor")
-	require.Equal(t, exitError, idem(t, env, "", "list", "--namespace", "page", "--cursor", "not a cursor").code)
+	// A cursor no page of the namespace printed is a usage error, not an
+	// empty page.
+	for _, c := range [][]string{
+		{"--cursor", "not a cursor"},
+		{"--cursor", "notacursor"},
+		{"--cursor", "notacursor", "--namespace", "page"},
+		{"--cursor", backends.ListCursor("stats:s1"), "--namespace", "page"},
+	} {
+		r := idem(t, env, "", append([]string{"list"}, c...)...)
+		require.Equal(t, exitError, r.code, "%v: %s%s", c, r.stdout, r.stderr)
+		require.Contains(t, r.stderr, fmt.Sprintf("--cursor %q is not a cursor", c[1]))
+		require.Empty(t, r.stdout)
+	}
 
 	// stats agrees with the middleware's counters: four fresh keys
 	// processed (completed), one fresh key whose handler fails (its lease
@@ -469,21 +510,21 @@ func TestKeyWithoutStore(t *testing.T) {
 		args  []string
 		want  string
 	}{
-		{`{"order":{"id":"o-7"}}`, []string{"--json-field", "order.id", "--namespace", "billing"}, "billing:o-7"},
-		{"", []string{"--metadata", "order_id", "--set", "order_id=o-8"}, "o-8"},
+		{`{"order":{"id":"o-7"}}`, []string{"--json-field", "order", "--json-field", "id", "--namespace", "billing"}, "billing:o-7"},
+		{"", []string{"--metadata", "order_id", "--set", "order_id=o-8", "--namespace", "h"}, "h:o-8"},
 		{"", []string{"--uuid", "--message-uuid", "m-1", "--namespace", "h"}, "h:m-1"},
-		{"abc", []string{"--payload-hash"}, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+		{"abc", []string{"--payload-hash", "--namespace", "h"}, "h:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
 	} {
 		r := idem(t, env, c.stdin, append([]string{"key"}, c.args...)...)
 		require.Equal(t, 0, r.code, r.stderr)
 		require.Equal(t, c.want+"\n", r.stdout)
 	}
-	r := idem(t, env, `{"amount":1}`, "key", "--json-field", "order_id")
+	r := idem(t, env, `{"amount":1}`, "key", "--json-field", "order_id", "--namespace", "h")
 	require.Equal(t, exitError, r.code)
 	require.Contains(t, r.stderr, "no key")
-	r = idem(t, env, `{`, "key", "--json-field", "order_id")
+	r = idem(t, env, `{`, "key", "--json-field", "order_id", "--namespace", "h")
 	require.Equal(t, exitError, r.code, "malformed JSON")
-	require.Equal(t, exitError, idem(t, env, "", "key").code, "no extractor")
+	require.Equal(t, exitError, idem(t, env, "", "key", "--namespace", "h").code, "no extractor")
 }
 
 // Bad URLs, unreachable stores and a wrong table get clear errors, and
@@ -516,7 +557,7 @@ func TestIdemErrors(t *testing.T) {
 		{"no mysql DSN", []string{"IDEM_STORE=mysql"}, []string{"stats"}, "--mysql-dsn (IDEM_MYSQL_DSN) is required", ""},
 		{"bad mysql DSN", []string{"IDEM_MYSQL_DSN=app:s3cret@tcp(127.0.0.1:3306"}, []string{"stats"}, `--mysql-dsn "app:xxxxx@tcp(127.0.0.1:3306": invalid DSN`, "s3cret"},
 		{"unreachable mysql", []string{"IDEM_MYSQL_DSN=app:s3cret@tcp(127.0.0.1:1)/test"}, []string{"stats"}, "MySQL at 127.0.0.1:1 does not answer", "s3cret"},
-		{"wrong mysql password", []string{"IDEM_MYSQL_DSN=" + wrongPassword.FormatDSN()}, []string{"stats"}, "MySQL at " + dsn.Addr + ": Error 1045", "s3cret"},
+		{"wrong mysql password", []string{"IDEM_MYSQL_DSN=" + wrongPassword.FormatDSN()}, []string{"stats"}, "MySQL at " + dsn.Addr + ` answered with an error: "Error 1045`, "s3cret"},
 		{"mysql DSN without a database", []string{"IDEM_MYSQL_DSN=" + noDatabase.FormatDSN()}, []string{"stats"}, "the DSN names no database", ""},
 		{"wrong mysql table", []string{"IDEM_MYSQL_DSN=" + mysqlDSN(t), "IDEM_MYSQL_TABLE=no_such_table"}, []string{"stats"}, "has no table `" + dsn.DBName + "`.`no_such_table`: check --mysql-table and the DSN's database, or create it with `idem mysql migrate`", ""},
 		{"wrong dynamodb table", dynamo("IDEM_DYNAMO_TABLE=no_such_table"), []string{"stats"}, "has no table no_such_table: check --dynamo-table and the region, or create it with `idem dynamodb create-table`", ""},
@@ -532,6 +573,9 @@ func TestIdemErrors(t *testing.T) {
 			r := idem(t, append([]string{"IDEM_STORE=", "IDEM_PG_URL=", "IDEM_REDIS_CLUSTER=", "IDEM_MYSQL_DSN=", "IDEM_DYNAMO_ENDPOINT="}, c.env...), "", c.args...)
 			require.Equal(t, exitError, r.code, r.stdout+r.stderr)
 			require.Contains(t, r.stderr, c.want)
+			if c.name != "unknown command" {
+				requireOneLine(t, r.stderr)
+			}
 			if c.hide != "" {
 				require.NotContains(t, r.stdout+r.stderr, c.hide)
 			}

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
 
-// Exit codes.
+// Exit codes. A mistake in the command line (usageError) exits with
+// exitError, as does a store that does not answer or answers with an error.
 const (
 	exitOK       = 0
 	exitError    = 1
@@ -19,21 +21,34 @@ const (
 	exitRefused  = 3
 )
 
-// codedError carries a command's exit code.
+// codedError is an outcome about a key that has its own exit code and,
+// for the commands that act on one key, its own action in the JSON output.
 type codedError struct {
-	code int
-	err  error
+	code   int
+	action string
+	// key, if set, is quoted in front of the message, which then says
+	// something about it: "has no record".
+	key string
+	err error
 }
 
-func (e codedError) Error() string { return e.err.Error() }
+func (e codedError) Error() string {
+	if e.key == "" {
+		return e.err.Error()
+	}
+	return strconv.Quote(e.key) + " " + e.err.Error()
+}
+
 func (e codedError) Unwrap() error { return e.err }
 
-func notFound(format string, args ...any) error {
-	return codedError{exitNotFound, fmt.Errorf(format, args...)}
+// notFound is exit code 2, action not_found.
+func notFound(key, format string, args ...any) error {
+	return codedError{exitNotFound, actionNotFound, key, fmt.Errorf(format, args...)}
 }
 
-func refused(format string, args ...any) error {
-	return codedError{exitRefused, fmt.Errorf(format, args...)}
+// refused is exit code 3, with the action that says why.
+func refused(action, key, format string, args ...any) error {
+	return codedError{exitRefused, action, key, fmt.Errorf(format, args...)}
 }
 
 // usageError is a mistake in the command line.
@@ -70,7 +85,10 @@ type env struct {
 
 var commands = []*command{inspectCmd, releaseCmd, completeCmd, deleteCmd, listCmd, statsCmd, keyCmd, pgCmd, mysqlCmd, dynamoCmd, versionCmd}
 
-func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+func main() {
+	quietLibraries()
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
 
 // run runs the command line args and returns the exit code.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -99,7 +117,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
-	fmt.Fprintln(stderr, "idem:", err)
+	fmt.Fprintln(stderr, "idem:", oneLine(err.Error()))
 	var ce codedError
 	if errors.As(err, &ce) {
 		return ce.code
@@ -108,22 +126,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 }
 
 func runCommand(cmd *command, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("idem "+cmd.name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	g := &globals{}
-	g.register(fs)
-	if cmd.timeout > 0 && os.Getenv("IDEM_TIMEOUT") == "" {
-		f := fs.Lookup("timeout")
-		_ = f.Value.Set(cmd.timeout.String())
-		f.DefValue = cmd.timeout.String()
-	}
-	var opts any
-	if cmd.flags != nil {
-		opts = cmd.flags(fs)
-	}
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: idem %s [flags] %s\n\n%s\n\nflags:\n", cmd.name, cmd.args, cmd.help)
-		fs.PrintDefaults()
+	fs, g, opts, err := newFlagSet(cmd, stderr)
+	if err != nil {
+		return err
 	}
 	if err := fs.Parse(interleaved(fs, args)); err != nil {
 		return err
@@ -138,14 +143,43 @@ func runCommand(cmd *command, args []string, stdin io.Reader, stdout, stderr io.
 	defer cancel()
 	e := &env{g: g, stdin: stdin, stdout: stdout, stderr: stderr}
 	if cmd.store {
-		s, closeFn, err := openStore(ctx, g, true)
+		s, closeFn, err := storeOpener(ctx, g, true)
 		if err != nil {
 			return err
 		}
 		defer closeFn()
 		e.store = s
 	}
-	return cmd.run(ctx, e, opts, fs.Args())
+	// Every store call of the command ran under ctx: its failure is
+	// described here, once, by what the server did.
+	return g.describe(ctx, cmd.run(ctx, e, opts, fs.Args()))
+}
+
+// newFlagSet returns cmd's flag set: the global flags and the command's
+// own, each defaulting to its IDEM_* variable (see fromEnv), and the
+// values they fill in. A variable that does not parse is a usage error.
+func newFlagSet(cmd *command, stderr io.Writer) (*flag.FlagSet, *globals, any, error) {
+	fs := flag.NewFlagSet("idem "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	g := &globals{}
+	g.register(fs)
+	if cmd.timeout > 0 {
+		f := fs.Lookup("timeout")
+		_ = f.Value.Set(cmd.timeout.String())
+		f.DefValue = cmd.timeout.String()
+	}
+	var opts any
+	if cmd.flags != nil {
+		opts = cmd.flags(fs)
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: idem %s [flags] %s\n\n%s\n\nflags:\n", cmd.name, cmd.args, cmd.help)
+		fs.PrintDefaults()
+	}
+	if err := fromEnv(fs); err != nil {
+		return nil, nil, nil, usageError{err}
+	}
+	return fs, g, opts, nil
 }
 
 // interleaved moves flags that follow positional arguments before them,
@@ -187,7 +221,8 @@ func usage(w io.Writer) {
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.help)
 	}
-	fmt.Fprintln(w, "\nRun idem COMMAND -h for its flags. Exit codes: 0 done, 1 error, 2 not found, 3 refused.")
+	fmt.Fprintln(w, "\nRun idem COMMAND -h for its flags; each flag defaults to its IDEM_* variable (--redis-url: IDEM_REDIS_URL).")
+	fmt.Fprintln(w, "Exit codes: 0 done, 1 error (a usage error, or a store that does not answer or answers with an error), 2 not found, 3 refused.")
 }
 
 // exactArgs checks the number of positional arguments.
@@ -196,4 +231,25 @@ func exactArgs(args []string, n int, what string) error {
 		return usageError{fmt.Errorf("want %s, got %d arguments", what, len(args))}
 	}
 	return nil
+}
+
+// oneLine joins the lines of a message, so that every failure is one line
+// on stderr: pgx, for one, reports each address it tried on a line of its
+// own, after a line that ends with a colon.
+func oneLine(s string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l == "" {
+			continue
+		}
+		switch {
+		case b.Len() == 0:
+		case strings.HasSuffix(b.String(), ":"):
+			b.WriteString(" ")
+		default:
+			b.WriteString("; ")
+		}
+		b.WriteString(l)
+	}
+	return b.String()
 }

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"log"
+	"net"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
@@ -16,8 +18,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
+	"github.com/aws/smithy-go/logging"
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -28,8 +32,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
 )
 
-// globals are the flags every command takes, each defaulting to an IDEM_*
-// environment variable.
+// globals are the flags every command takes.
 type globals struct {
 	store        string
 	redisURL     string
@@ -48,56 +51,32 @@ type globals struct {
 	dynamoClockSkew time.Duration
 	output          string
 	timeout         time.Duration
-	// envErrs are the IDEM_* variables that could not be read.
-	envErrs []error
+	// where names the store once openStore knows it ("Redis at
+	// 127.0.0.1:6379"), for describe.
+	where string
 }
 
-// register adds the global flags to fs, with defaults from the environment.
+// register adds the global flags to fs. Their variables are applied by
+// fromEnv, with the command's own flags.
 func (g *globals) register(fs *flag.FlagSet) {
-	env := func(name, def string) string {
-		if v, ok := os.LookupEnv(name); ok {
-			return v
-		}
-		return def
-	}
-	fs.StringVar(&g.store, "store", env("IDEM_STORE", ""), "the store: redis, postgres, mysql or dynamodb (IDEM_STORE; default postgres if --pg-url is set, mysql if --mysql-dsn is, else redis)")
-	fs.StringVar(&g.redisURL, "redis-url", env("IDEM_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL (IDEM_REDIS_URL)")
-	fs.StringVar(&g.redisCluster, "redis-cluster", env("IDEM_REDIS_CLUSTER", ""), "comma-separated Redis Cluster addresses, instead of --redis-url (IDEM_REDIS_CLUSTER)")
-	fs.StringVar(&g.redisPrefix, "redis-prefix", env("IDEM_REDIS_PREFIX", redisstore.DefaultPrefix), "the store's Redis key prefix (IDEM_REDIS_PREFIX)")
-	fs.StringVar(&g.pgURL, "pg-url", env("IDEM_PG_URL", ""), "Postgres URL (IDEM_PG_URL)")
-	fs.StringVar(&g.pgSchema, "pg-schema", env("IDEM_PG_SCHEMA", pgstore.DefaultSchema), "the store's Postgres schema (IDEM_PG_SCHEMA)")
-	fs.StringVar(&g.pgTable, "pg-table", env("IDEM_PG_TABLE", pgstore.DefaultTable), "the store's Postgres table (IDEM_PG_TABLE)")
-	fs.StringVar(&g.mysqlDSN, "mysql-dsn", env("IDEM_MYSQL_DSN", ""), "MySQL or MariaDB DSN, as go-sql-driver/mysql takes it: user:password@tcp(host:3306)/db (IDEM_MYSQL_DSN)")
-	fs.StringVar(&g.mysqlTable, "mysql-table", env("IDEM_MYSQL_TABLE", mysqlstore.DefaultTable), "the store's MySQL table, optionally db.table (IDEM_MYSQL_TABLE)")
-	fs.StringVar(&g.dynamoTable, "dynamo-table", env("IDEM_DYNAMO_TABLE", dynamostore.DefaultTable), "the store's DynamoDB table (IDEM_DYNAMO_TABLE)")
-	fs.StringVar(&g.dynamoEndpoint, "dynamo-endpoint", env("IDEM_DYNAMO_ENDPOINT", ""), "DynamoDB endpoint URL, for LocalStack or dynalite; the region and credentials come from the AWS environment and config files (IDEM_DYNAMO_ENDPOINT)")
-	// A malformed duration in the environment is reported by validate,
-	// not replaced by the default.
-	duration := func(name string, def time.Duration) time.Duration {
-		v := env(name, "")
-		if v == "" {
-			return def
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			g.envErrs = append(g.envErrs, fmt.Errorf("%s: %w", name, err))
-			return def
-		}
-		return d
-	}
-	skew := duration("IDEM_DYNAMO_CLOCK_SKEW", dynamostore.DefaultClockSkew)
-	fs.DurationVar(&g.dynamoClockSkew, "dynamo-clock-skew", skew, "the services' dynamostore.Options.ClockSkew (IDEM_DYNAMO_CLOCK_SKEW)")
-	out := env("IDEM_OUTPUT", "table")
-	fs.StringVar(&g.output, "o", out, "output format: table or json (IDEM_OUTPUT)")
-	fs.StringVar(&g.output, "output", out, "output format: table or json (IDEM_OUTPUT)")
-	timeout := duration("IDEM_TIMEOUT", 10*time.Second)
-	fs.DurationVar(&g.timeout, "timeout", timeout, "bound on the whole command (IDEM_TIMEOUT)")
+	fs.StringVar(&g.store, "store", "", "the store: redis, postgres, mysql or dynamodb (default postgres if --pg-url is set, mysql if --mysql-dsn is, else redis)")
+	fs.StringVar(&g.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL")
+	fs.StringVar(&g.redisCluster, "redis-cluster", "", "comma-separated Redis Cluster addresses, instead of --redis-url")
+	fs.StringVar(&g.redisPrefix, "redis-prefix", redisstore.DefaultPrefix, "the store's Redis key prefix")
+	fs.StringVar(&g.pgURL, "pg-url", "", "Postgres URL")
+	fs.StringVar(&g.pgSchema, "pg-schema", pgstore.DefaultSchema, "the store's Postgres schema")
+	fs.StringVar(&g.pgTable, "pg-table", pgstore.DefaultTable, "the store's Postgres table")
+	fs.StringVar(&g.mysqlDSN, "mysql-dsn", "", "MySQL or MariaDB DSN, as go-sql-driver/mysql takes it: user:password@tcp(host:3306)/db")
+	fs.StringVar(&g.mysqlTable, "mysql-table", mysqlstore.DefaultTable, "the store's MySQL table, optionally db.table")
+	fs.StringVar(&g.dynamoTable, "dynamo-table", dynamostore.DefaultTable, "the store's DynamoDB table")
+	fs.StringVar(&g.dynamoEndpoint, "dynamo-endpoint", "", "DynamoDB endpoint URL, for LocalStack or dynalite; the region and credentials come from the AWS environment and config files")
+	fs.DurationVar(&g.dynamoClockSkew, "dynamo-clock-skew", dynamostore.DefaultClockSkew, "the services' dynamostore.Options.ClockSkew")
+	fs.StringVar(&g.output, "o", "table", "output format: table or json")
+	fs.StringVar(&g.output, "output", "table", "output format: table or json")
+	fs.DurationVar(&g.timeout, "timeout", 10*time.Second, "bound on the whole command, every store call included")
 }
 
 func (g *globals) validate() error {
-	if len(g.envErrs) > 0 {
-		return usageError{errors.Join(g.envErrs...)}
-	}
 	if g.output != "table" && g.output != "json" {
 		return usageError{fmt.Errorf("-o must be table or json, got %q", g.output)}
 	}
@@ -143,6 +122,10 @@ var (
 	_ sqlStore = (*mysqlstore.Store)(nil)
 )
 
+// storeOpener opens the store of the commands that work on records; tests
+// replace it to run them on a store of their own.
+var storeOpener = openStore
+
 // openStore connects to the store the flags name and checks that it
 // answers and, when needTable is set (every command but those that create
 // the table), that its table exists. The caller calls the returned
@@ -162,23 +145,25 @@ func openStore(ctx context.Context, g *globals, needTable bool) (operatorStore, 
 
 func openRedis(ctx context.Context, g *globals) (operatorStore, func(), error) {
 	var client redis.UniversalClient
-	where := g.redisURL
+	// ContextTimeoutEnabled: go-redis's own read and write timeouts (3 s)
+	// would otherwise outlast a shorter --timeout.
 	if g.redisCluster != "" {
 		addrs := strings.Split(g.redisCluster, ",")
-		client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, MaxRetries: 1})
-		where = "the Redis Cluster at " + g.redisCluster
+		client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, MaxRetries: 1, ContextTimeoutEnabled: true})
+		g.where = "the Redis Cluster at " + g.redisCluster
 	} else {
 		opts, err := redis.ParseURL(g.redisURL)
 		if err != nil {
 			return nil, nil, usageError{fmt.Errorf("--redis-url %q: %w", redactURL(g.redisURL), err)}
 		}
 		opts.MaxRetries = 1
+		opts.ContextTimeoutEnabled = true
 		client = redis.NewClient(opts)
-		where = "Redis at " + opts.Addr
+		g.where = "Redis at " + opts.Addr
 	}
 	if err := client.Ping(ctx).Err(); err != nil {
 		client.Close()
-		return nil, nil, fmt.Errorf("%s does not answer: %w", where, err)
+		return nil, nil, g.describe(ctx, err)
 	}
 	s, err := redisstore.New(client, redisstore.Options{Prefix: g.redisPrefix})
 	if err != nil {
@@ -215,21 +200,21 @@ func openPostgres(ctx context.Context, g *globals, needTable bool) (operatorStor
 	if err != nil {
 		return nil, nil, err
 	}
-	where := fmt.Sprintf("Postgres at %s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	g.where = fmt.Sprintf("Postgres at %s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, nil, fmt.Errorf("%s does not answer: %w", where, err)
+		return nil, nil, g.describe(ctx, err)
 	}
 	if needTable {
 		table := pgx.Identifier{g.pgSchema, g.pgTable}.Sanitize()
 		var found *string
 		if err := pool.QueryRow(ctx, `SELECT to_regclass($1)::text`, table).Scan(&found); err != nil {
 			pool.Close()
-			return nil, nil, fmt.Errorf("%s: %w", where, err)
+			return nil, nil, g.describe(ctx, err)
 		}
 		if found == nil {
 			pool.Close()
-			return nil, nil, fmt.Errorf("%s has no table %s: check --pg-schema and --pg-table, or create it with `idem pg migrate`", where, table)
+			return nil, nil, g.failure("%s has no table %s: check --pg-schema and --pg-table, or create it with `idem pg migrate`", g.where, table)
 		}
 	}
 	return s, pool.Close, nil
@@ -269,17 +254,13 @@ func openMySQL(ctx context.Context, g *globals, needTable bool) (operatorStore, 
 	if err != nil {
 		return nil, nil, err
 	}
-	where := "MySQL at " + cfg.Addr
+	g.where = "MySQL at " + cfg.Addr
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
-		var refused *mysql.MySQLError
-		if errors.As(err, &refused) { // it answered: access denied, unknown database...
-			return nil, nil, fmt.Errorf("%s: %w", where, err)
-		}
-		return nil, nil, fmt.Errorf("%s does not answer: %w", where, err)
+		return nil, nil, g.describe(ctx, err)
 	}
 	if needTable {
-		if err := mysqlTableExists(ctx, db, where, s.Options().Table); err != nil {
+		if err := mysqlTableExists(ctx, db, g, s.Options().Table); err != nil {
 			db.Close()
 			return nil, nil, err
 		}
@@ -289,7 +270,7 @@ func openMySQL(ctx context.Context, g *globals, needTable bool) (operatorStore, 
 
 // mysqlTableExists checks that table ("table" or "db.table") exists, in
 // the DSN's database unless it names its own.
-func mysqlTableExists(ctx context.Context, db *sql.DB, where, table string) error {
+func mysqlTableExists(ctx context.Context, db *sql.DB, g *globals, table string) error {
 	schema, name, qualified := strings.Cut(table, ".")
 	if !qualified {
 		schema, name = "", table
@@ -299,16 +280,16 @@ func mysqlTableExists(ctx context.Context, db *sql.DB, where, table string) erro
 	err := db.QueryRowContext(ctx, `SELECT DATABASE(), EXISTS(SELECT 1 FROM information_schema.tables
 		WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE()) AND table_name = ?)`, schema, name).Scan(&current, &found)
 	if err != nil {
-		return fmt.Errorf("%s: %w", where, err)
+		return g.describe(ctx, err)
 	}
 	if schema == "" {
 		if !current.Valid {
-			return usageError{fmt.Errorf("%s: the DSN names no database: end --mysql-dsn with /DBNAME, or give --mysql-table as db.table", where)}
+			return usageError{fmt.Errorf("%s: the DSN names no database: end --mysql-dsn with /DBNAME, or give --mysql-table as db.table", g.where)}
 		}
 		schema = current.String
 	}
 	if !found {
-		return fmt.Errorf("%s has no table `%s`.`%s`: check --mysql-table and the DSN's database, or create it with `idem mysql migrate`", where, schema, name)
+		return g.failure("%s has no table `%s`.`%s`: check --mysql-table and the DSN's database, or create it with `idem mysql migrate`", g.where, schema, name)
 	}
 	return nil
 }
@@ -337,9 +318,9 @@ func openDynamo(ctx context.Context, g *globals, needTable bool) (operatorStore,
 		}
 		where = "DynamoDB at " + u.Redacted()
 	}
-	cfg, err := config.LoadDefaultConfig(ctx)
+	cfg, err := config.LoadDefaultConfig(ctx, config.WithLogger(logging.Nop{}))
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading the AWS configuration: %w", err)
+		return nil, nil, g.failure("reading the AWS configuration: %v", err)
 	}
 	if cfg.Region == "" {
 		return nil, nil, usageError{errors.New("no AWS region for the dynamodb store: set AWS_REGION, or a region in the AWS profile")}
@@ -350,8 +331,9 @@ func openDynamo(ctx context.Context, g *globals, needTable bool) (operatorStore,
 	// Asked for now, so that missing credentials are not reported as a
 	// server that does not answer.
 	if _, err := cfg.Credentials.Retrieve(ctx); err != nil {
-		return nil, nil, fmt.Errorf("no AWS credentials for %s: %w", where, err)
+		return nil, nil, g.failure("no AWS credentials for %s: %v", where, err)
 	}
+	g.where = where
 	client := dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
 		if g.dynamoEndpoint != "" {
 			o.BaseEndpoint = aws.String(g.dynamoEndpoint)
@@ -364,18 +346,110 @@ func openDynamo(ctx context.Context, g *globals, needTable bool) (operatorStore,
 	if needTable {
 		_, err := client.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(g.dynamoTable)})
 		var missing *types.ResourceNotFoundException
-		var answered smithy.APIError
 		switch {
 		case errors.As(err, &missing):
-			return nil, nil, fmt.Errorf("%s has no table %s: check --dynamo-table and the region, or create it with `idem dynamodb create-table`", where, g.dynamoTable)
-		case errors.As(err, &answered):
-			return nil, nil, fmt.Errorf("%s: %w", where, err)
+			return nil, nil, g.failure("%s has no table %s: check --dynamo-table and the region, or create it with `idem dynamodb create-table`", where, g.dynamoTable)
 		case err != nil:
-			return nil, nil, fmt.Errorf("%s does not answer: %w", where, err)
+			return nil, nil, g.describe(ctx, err)
 		}
 	}
 	return s, func() {}, nil
 }
+
+// storeFailure is a failed store call described for the operator: whether
+// the server did not answer or answered with an error.
+type storeFailure struct {
+	msg string
+	err error
+}
+
+func (e storeFailure) Error() string { return e.msg }
+func (e storeFailure) Unwrap() error { return e.err }
+
+// failure is a store failure idem found itself, such as a missing table.
+func (g *globals) failure(format string, args ...any) error {
+	return storeFailure{msg: fmt.Sprintf(format, args...)}
+}
+
+// describe says what the server did about a failed call made under ctx:
+// it did not answer in time (ctx's deadline, --timeout, passed), it
+// answered with an error (quoted), or it could not be reached. Usage
+// errors, outcomes with their own exit code, requests never sent and
+// errors already described pass unchanged, as does every error before
+// openStore named the store.
+func (g *globals) describe(ctx context.Context, err error) error {
+	var usage usageError
+	var coded codedError
+	var described storeFailure
+	if err == nil || g.where == "" || errors.As(err, &usage) || errors.As(err, &coded) || errors.As(err, &described) ||
+		errors.Is(err, backends.ErrInvalidRequest) {
+		return err
+	}
+	// First the deadline: a server cancelling a statement because idem
+	// gave up on it (Postgres' 57014) answered only because of it.
+	if deadline, ok := ctx.Deadline(); ok && (ctx.Err() != nil || !time.Now().Before(deadline)) {
+		msg := fmt.Sprintf("%s did not answer within %v (--timeout)", g.where, g.timeout)
+		if dial := dialError(err); dial != nil {
+			msg += ": " + dial.Error()
+		}
+		return storeFailure{msg, err}
+	}
+	if reply, ok := serverReply(err); ok {
+		return storeFailure{fmt.Sprintf("%s answered with an error: %q", g.where, reply), err}
+	}
+	if dial := dialError(err); dial != nil {
+		return storeFailure{fmt.Sprintf("%s does not answer: %v", g.where, dial), err}
+	}
+	return storeFailure{fmt.Sprintf("%s: %v", g.where, err), err}
+}
+
+// serverReply returns the error the server answered with, as the server
+// worded it, if err holds one.
+func serverReply(err error) (string, bool) {
+	var redisErr redis.Error
+	var pgErr *pgconn.PgError
+	var mysqlErr *mysql.MySQLError
+	var apiErr smithy.APIError
+	switch {
+	case errors.As(err, &pgErr):
+		return pgErr.Error(), true
+	case errors.As(err, &mysqlErr):
+		return mysqlErr.Error(), true
+	case errors.As(err, &apiErr):
+		return apiErr.ErrorCode() + ": " + apiErr.ErrorMessage(), true
+	case errors.As(err, &redisErr) && !errors.Is(err, redis.Nil):
+		return redisErr.Error(), true
+	}
+	return "", false
+}
+
+// dialError returns the error that kept idem from reaching the server:
+// the address refused the connection, could not be routed to or resolved.
+func dialError(err error) error {
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "dial" {
+		return opErr
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		return dnsErr
+	}
+	return nil
+}
+
+// quietLibraries silences the loggers of the client libraries: go-redis
+// and go-sql-driver/mysql print their own lines on stderr when a server
+// does not answer, once per retry, beside the one line idem prints for the
+// failure. The AWS SDK is given a silent logger in openDynamo; pgx logs
+// nothing unless given a tracer.
+func quietLibraries() {
+	redis.SetLogger(silentRedis{})
+	_ = mysql.SetLogger(log.New(io.Discard, "", 0))
+}
+
+type silentRedis struct{}
+
+func (silentRedis) Printf(context.Context, string, ...any) {}
 
 // redactURL hides a URL's password.
 func redactURL(s string) string {
