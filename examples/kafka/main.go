@@ -1,71 +1,123 @@
-// Command kafka is the order-processing story on Kafka (watermill-kafka)
-// with the idempotency middleware and its leases in Redis.
-//
-// Two consumers in one consumer group read a topic of two partitions. The
-// producer sends every order twice (the same order_id under new message
-// UUIDs), each copy to its own partition, so that copies are handled at
-// once by different partition consumers; one order fails once; the lease
-// store refuses one order's first acquisitions; one order is slow while its
-// copy arrives. Every charge goes to a sink that refuses stale fencing
-// tokens. At the end the run checks that every order was charged exactly
-// once and exits non-zero if not.
-//
-// While the slow order runs, the group scales out: a third member joins
-// (its messages go to the other consumer's handler). The busy members,
-// the slow order's holder and the consumer whose copy of it waits, cannot
-// take part in the rebalance this starts, as Sarama rejoins only once
-// their handlers have returned; after the rebalance timeout (1s
-// here; Sarama's default is 60s) the coordinator evicts them and the
-// newcomer reads their partitions from the last committed offsets: the
-// slow order's message again, while its first delivery still runs. A
-// handler that outlasts the rebalance timeout meets this at every deploy
-// or scale-out. The middleware makes the redelivered copy wait for the
-// holder and nacks it while the order is in progress; the holder keeps
-// its lease and charges the order once. Its ack, from a member no longer
-// in the group, commits no offset; a later delivery, acked as a duplicate
-// once the order is charged, does.
+// Command kafka is an order service on Kafka (watermill-kafka) that
+// charges every order at most once, however often Kafka delivers it: the
+// idempotency middleware takes a lease on the order's id before the
+// handler runs, in Redis, and the handler writes the charge with the
+// lease's fencing token to a ledger that refuses a stale one.
 //
 // Kafka has no per-message nack: watermill-kafka retries a nacked message
-// in place, and its partition waits meanwhile. A duplicate waiting in the
-// middleware for the consumer that holds its key holds its partition too,
-// for up to InProgressWait: size it to what a partition can afford.
+// in place, and its partition waits meanwhile. A copy that finds its order
+// being charged from another partition waits in the middleware for up to
+// inProgressWait, holding its partition, then is nacked and retried.
+// Duplicates come from producer retries and from rebalances: a member busy
+// in a handler past the rebalance timeout is evicted, and another member
+// reads its partition again from the last committed offset while the first
+// delivery still runs.
 //
-// Configuration (environment): KAFKA_BROKERS (comma-separated; default: an
-// in-process Kafka, franz-go's kfake, so that no server is needed),
-// REDIS_ADDR (default 127.0.0.1:6379).
+// main.go is the service, top to bottom: Kafka (in process unless
+// KAFKA_BROKERS is set), /metrics, the lease store, the middleware, the
+// router and its middleware, the handler, graceful shutdown. ledger.go is
+// the business store (in Redis), payments.go a stand-in for a payment
+// provider. demo.go is the demonstration, apart from the service: a
+// producer that sends every order twice, each copy to its own partition,
+// an order whose payment fails, a slow order and a message without an
+// order id, and the check of what happened. Run with -serve, the service
+// runs alone until SIGINT or SIGTERM.
 //
-//	go run ./kafka
+// Configuration (environment):
+//
+//	KAFKA_BROKERS  comma-separated (default: none, and Kafka runs in process: franz-go's kfake)
+//	REDIS_ADDR     the Redis of the leases and the ledger (default 127.0.0.1:6379)
+//	METRICS_ADDR   where /metrics listens (default 127.0.0.1:0: a free port; the URL is printed)
+//	PREFIX         prepended to every topic, group and key name (default demo-<unix nanoseconds>-,
+//	               fresh for each run; give copies of the service the same one)
+//
+// Usage:
+//
+//	go run ./kafka          # the demo: exits non-zero if one of its claims is false
+//	go run ./kafka -serve   # the service alone
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
-	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
-	"strconv"
+	"os/signal"
 	"strings"
-	"sync"
+	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/components/metrics"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
-	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
-	"github.com/watermill-idempotency/idempotency/examples/internal/story"
+	idemotel "github.com/watermill-idempotency/idempotency/contrib/otel"
+	"github.com/watermill-idempotency/idempotency/keyfunc"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
+const (
+	// partitions is the orders topic's: messages on different partitions
+	// are handled at once, those on one partition one at a time.
+	partitions = 2
+	// rebalanceTimeout is how long the group's coordinator waits for its
+	// members to rejoin a rebalance before it evicts them. Sarama rejoins
+	// only once every running handler has returned, so a member busy
+	// longer is evicted and its partitions read again from the last
+	// committed offset (docs/brokers.md). Short here, so that a deploy or
+	// scale-out shows it within seconds; Sarama's default is 60s.
+	rebalanceTimeout = time.Second
+	// sessionTimeout is how long the coordinator waits for a silent
+	// member (a dead process) before it hands its partitions to others.
+	sessionTimeout = 10 * time.Second
+	// leaseTTL is about the session timeout: when a member dies holding
+	// an order, its lease has run out about when its partition moves on.
+	// The lease is renewed every third of it while the handler runs.
+	leaseTTL = sessionTimeout
+	// inProgressWait is how long a copy of an order held elsewhere may
+	// hold its partition, waiting, before it is nacked and retried in
+	// place.
+	inProgressWait = time.Second
+)
+
+type config struct {
+	brokers     string
+	redisAddr   string
+	metricsAddr string
+	prefix      string
+}
+
 func main() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	prefix := fmt.Sprintf("kafka-example-%d:", time.Now().UnixNano())
-	if err := run(ctx, os.Getenv("KAFKA_BROKERS"), env("REDIS_ADDR", "127.0.0.1:6379"), prefix, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "kafka example:", err)
+	serveOnly := flag.Bool("serve", false, "run the service alone, until SIGINT or SIGTERM: no demo orders, no check")
+	flag.Parse()
+	cfg := config{
+		brokers:     os.Getenv("KAFKA_BROKERS"),
+		redisAddr:   env("REDIS_ADDR", "127.0.0.1:6379"),
+		metricsAddr: env("METRICS_ADDR", "127.0.0.1:0"),
+		prefix:      env("PREFIX", fmt.Sprintf("demo-%d-", time.Now().UnixNano())),
+	}
+	// SIGINT and SIGTERM shut the service down gracefully: the router
+	// stops taking messages and waits for the running handlers.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, cfg, !*serveOnly)
+	stop()
+	if err != nil {
+		fmt.Println("kafka example:", err)
 		os.Exit(1)
 	}
 }
@@ -77,235 +129,236 @@ func env(name, def string) string {
 	return def
 }
 
-func run(ctx context.Context, kafkaBrokers, redisAddr, prefix string, w io.Writer) error {
-	client := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
-	defer client.Close()
-	if err := client.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redis at %s: %w", redisAddr, err)
-	}
-	store, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
-	if err != nil {
-		return err
-	}
-	defer store.Close()
-	brokers := strings.Split(kafkaBrokers, ",")
-	if kafkaBrokers == "" {
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))
+// run runs the service until ctx ends, or withDemo until the demo's
+// messages are settled, then shuts it down gracefully.
+func run(ctx context.Context, cfg config, withDemo bool) error {
+	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{ReplaceAttr: withoutTime}))
+	// Watermill's info lines (subscribing, starting a handler) are debug
+	// here; its warnings and errors are logged.
+	wmLogger := watermill.NewSlogLoggerWithLevelMapping(logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
+	topic, poisonTopic, group := cfg.prefix+"orders", cfg.prefix+"orders-poison", cfg.prefix+"billing"
+
+	brokers := strings.Split(cfg.brokers, ",")
+	if cfg.brokers == "" {
+		// No Kafka given: one in process, franz-go's kfake, reachable by
+		// this process alone.
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
 		if err != nil {
 			return err
 		}
 		defer cluster.Close()
 		brokers = cluster.ListenAddrs()
-		fmt.Fprintf(w, "Kafka: in process (kfake) at %s\n", strings.Join(brokers, ","))
+		logger.Info("no KAFKA_BROKERS: Kafka runs in process (kfake)", "brokers", strings.Join(brokers, ","))
 	}
-	return tell(ctx, brokers, store, 20, w)
-}
 
-const (
-	topic      = "orders"
-	partitions = 2
-)
-
-// tell runs the story on Kafka at brokers, and prints its verdict last.
-func tell(ctx context.Context, brokers []string, store backends.Store, orders int, w io.Writer) error {
-	b, closeFn, err := newBroker(brokers, fmt.Sprintf("billing-%d", time.Now().UnixNano()))
+	// /metrics: the middleware's OpenTelemetry metrics, through the
+	// Prometheus exporter, next to Watermill's router metrics.
+	registry := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
 	if err != nil {
 		return err
 	}
-	defer closeFn()
-	rep, err := story.Run(ctx, b, store, orders, w)
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer meters.Shutdown(context.Background()) //nolint:errcheck // nothing is pushed anywhere
+	metricsURL, stopMetrics, err := serveMetrics(cfg.metricsAddr, registry)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(w, "Summary: "+rep.String())
-	if err := rep.Check(); err != nil {
-		fmt.Fprintf(w, "Check FAILED: %v\n", err)
-		return err
-	}
-	fmt.Fprintf(w, "Check: %d orders charged once each through the fenced sink, no in-flight copy acked, the crashed consumer's order taken over, nothing poisoned.\n", len(rep.Applied))
-	return nil
-}
+	defer stopMetrics()
+	logger.Info("serving /metrics", "url", metricsURL)
 
-// newBroker is Kafka as the story uses it: a publisher that puts each of
-// the producer's copies on its own partition, and consumers in one group.
-// Its Redeliver adds a member to the group under the consumer that does
-// not hold the slow order. watermill-kafka waits for a handler's ack
-// whatever the group does, so a member busy in a handler misses the
-// rebalance and is evicted after rebalanceTimeout.
-func newBroker(brokers []string, group string) (story.Broker, func(), error) {
-	logger := watermill.NopLogger{}
-	pubCfg := kafka.DefaultSaramaSyncPublisherConfig()
-	pubCfg.Producer.Partitioner = sarama.NewManualPartitioner
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: attemptPartitioner{}, OverwriteSaramaConfig: pubCfg}, logger)
+	// The lease store, its calls timed on /metrics. Redis: a client for
+	// the leases alone, so that their keeping never waits behind other
+	// traffic.
+	storeClient := redis.NewClient(&redis.Options{Addr: cfg.redisAddr, ContextTimeoutEnabled: true})
+	defer storeClient.Close()
+	if err := storeClient.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis at %s: %w", cfg.redisAddr, err)
+	}
+	leases, err := redisstore.New(storeClient, redisstore.Options{Prefix: cfg.prefix + "idem:"})
 	if err != nil {
-		return story.Broker{}, nil, err
+		return err
 	}
-	newMember := func() (message.Subscriber, error) {
-		cfg := kafka.DefaultSaramaSubscriberConfig()
-		cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
-		cfg.Consumer.Group.Rebalance.Timeout = rebalanceTimeout
-		// An evicted member learns it at its next heartbeat, and stops
-		// taking messages from the partitions it lost.
-		cfg.Consumer.Group.Heartbeat.Interval = 200 * time.Millisecond
-		return kafka.NewSubscriber(kafka.SubscriberConfig{
-			Brokers:               brokers,
-			ConsumerGroup:         group,
-			Unmarshaler:           kafka.DefaultMarshaler{},
-			OverwriteSaramaConfig: cfg,
-			NackResendSleep:       100 * time.Millisecond,
-		}, logger)
+	defer leases.Close()
+	store, err := idemotel.InstrumentStore(leases, idemotel.StoreConfig{MeterProvider: meters})
+	if err != nil {
+		return err
 	}
-	var (
-		mu        sync.Mutex
-		consumers = map[string]*consumer{}
+	deliveries, err := idemotel.NewObserver(idemotel.Config{MeterProvider: meters})
+	if err != nil {
+		return err
+	}
+
+	// The idempotency middleware: one lease per order id.
+	idem, err := idempotency.New(idempotency.Config{
+		Store:          store,
+		Key:            keyfunc.JSONField("order_id"),
+		LeaseTTL:       leaseTTL,
+		InProgressWait: inProgressWait,
+		Observer:       idempotency.MultiObserver(deliveries, logDeliveries(logger)),
+	})
+	if err != nil {
+		return err
+	}
+
+	// Only messages that can never succeed go to the poison topic: no
+	// usable order id, for one. An in-flight duplicate, a store error or
+	// a lost lease is nacked and retried.
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: kafka.DefaultMarshaler{}}, wmLogger)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	poisonQueue, err := middleware.PoisonQueueWithFilter(pub, poisonTopic, idempotency.IsPoison)
+	if err != nil {
+		return err
+	}
+	retry := middleware.Retry{MaxRetries: 2, InitialInterval: 100 * time.Millisecond, Multiplier: 2, Logger: wmLogger}
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wmLogger)
+	if err != nil {
+		return err
+	}
+	metrics.NewPrometheusMetricsBuilder(registry, "", "").AddPrometheusRouterMetrics(router)
+	router.AddMiddleware(
+		poisonQueue,          // outermost: sees what the middleware says can never succeed
+		idem.Middleware,      // one lease for the whole delivery, retries included
+		retry.Middleware,     // retries the handler within that lease
+		middleware.Recoverer, // a panic becomes an error: retried, then the lease released
 	)
-	closeAll := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range consumers {
-			_ = c.Close()
+
+	// The handler: charges the order, with the lease's fencing token on
+	// the ledger's write.
+	ledgerClient := redis.NewClient(&redis.Options{Addr: cfg.redisAddr, ContextTimeoutEnabled: true})
+	defer ledgerClient.Close()
+	ledger := &ledger{client: ledgerClient, prefix: cfg.prefix + "ledger:"}
+	payments := &fakePayments{}
+	chargeOrder := func(msg *message.Message) error {
+		var order order
+		if err := json.Unmarshal(msg.Payload, &order); err != nil {
+			return err
 		}
-		_ = pub.Close()
+		lease, ok := idempotency.LeaseFromContext(msg.Context())
+		if !ok {
+			return errors.New("no lease: the idempotency middleware does not run before this handler")
+		}
+		logger.Info("charging", "order", order.ID, "amount_cents", order.AmountCents, "fencing_token", lease.Token)
+		if err := payments.charge(msg.Context(), order); err != nil {
+			return err
+		}
+		return ledger.record(msg.Context(), order, lease.Token)
 	}
-	return story.Broker{
-		Name:      "Kafka",
-		Publisher: pub,
-		Topic:     topic,
-		SlowFor:   4 * time.Second,
-		Subscriber: func(name string) (message.Subscriber, error) {
-			c := &consumer{newMember: newMember, closing: make(chan struct{})}
-			mu.Lock()
-			defer mu.Unlock()
-			consumers[name] = c
-			return c, nil
-		},
-		Redeliver: func(holder string) {
-			mu.Lock()
-			var other *consumer
-			for name, c := range consumers {
-				if name != holder {
-					other = c
-				}
-			}
-			mu.Unlock()
-			if other != nil {
-				// An error leaves the group as it was: the check reports
-				// that nothing was redelivered.
-				_ = other.join()
-			}
-		},
-	}, closeAll, nil
-}
 
-// rebalanceTimeout is how long the coordinator waits for the group's
-// members to rejoin a rebalance before it evicts them: well within the
-// slow order, so that it is redelivered while it runs.
-const rebalanceTimeout = time.Second
-
-// consumer is one consumer's subscriber: its member of the consumer group,
-// and any member added to it later, all handing their messages to its one
-// handler.
-type consumer struct {
-	newMember func() (message.Subscriber, error)
-
-	mu      sync.Mutex
-	members []message.Subscriber
-	ctx     context.Context
-	topic   string
-	out     chan *message.Message
-	// pending counts the members' channels still open, plus one while the
-	// consumer is open, so that out is closed only once no member can be
-	// added.
-	pending   sync.WaitGroup
-	closed    bool
-	closing   chan struct{}
-	closeOnce sync.Once
-}
-
-// Subscribe joins the group with the consumer's first member.
-func (c *consumer) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	c.mu.Lock()
-	if c.out != nil {
-		c.mu.Unlock()
-		return nil, errors.New("kafka example: a consumer subscribes once")
+	saramaCfg := kafka.DefaultSaramaSubscriberConfig()
+	saramaCfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	saramaCfg.Consumer.Group.Rebalance.Timeout = rebalanceTimeout
+	saramaCfg.Consumer.Group.Session.Timeout = sessionTimeout
+	// An evicted member learns it at its next heartbeat, and stops taking
+	// messages from the partitions it lost.
+	saramaCfg.Consumer.Group.Heartbeat.Interval = 200 * time.Millisecond
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers:               brokers,
+		ConsumerGroup:         group,
+		Unmarshaler:           kafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: saramaCfg,
+		// A nacked message is retried in place after this pause; its
+		// partition waits meanwhile.
+		NackResendSleep: 100 * time.Millisecond,
+		// The topics, if they do not exist: set your cluster's
+		// replication factor.
+		InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1},
+	}, wmLogger)
+	if err != nil {
+		return err
 	}
-	c.ctx, c.topic, c.out = ctx, topic, make(chan *message.Message)
-	c.pending.Add(1)
-	c.mu.Unlock()
+	for _, t := range []string{topic, poisonTopic} {
+		if err := sub.SubscribeInitialize(t); err != nil {
+			return fmt.Errorf("creating topic %s: %w", t, err)
+		}
+	}
+	router.AddConsumerHandler("charge-order", topic, sub, chargeOrder)
+
+	// The demo (demo.go) produces its messages once the router runs, and
+	// ends runCtx once they are settled, as SIGTERM would.
+	runCtx := ctx
+	var d *demo
+	if withDemo {
+		if d, runCtx, err = startDemo(ctx, cfg, brokers, router.Running(), metricsURL, logger); err != nil {
+			return err
+		}
+	}
 	go func() {
 		select {
-		case <-ctx.Done():
-		case <-c.closing:
-		}
-		c.mu.Lock()
-		c.closed = true
-		c.mu.Unlock()
-		c.pending.Done()
-	}()
-	go func() {
-		c.pending.Wait()
-		close(c.out)
-	}()
-	if err := c.join(); err != nil {
-		_ = c.Close()
-		return nil, err
-	}
-	return c.out, nil
-}
-
-// join adds a member to the group, handing its messages to the consumer.
-func (c *consumer) join() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed || c.out == nil {
-		return errors.New("kafka example: consumer not subscribed")
-	}
-	sub, err := c.newMember()
-	if err != nil {
-		return err
-	}
-	msgs, err := sub.Subscribe(c.ctx, c.topic)
-	if err != nil {
-		_ = sub.Close()
-		return err
-	}
-	c.members = append(c.members, sub)
-	c.pending.Add(1)
-	go func() {
-		defer c.pending.Done()
-		for msg := range msgs {
-			c.out <- msg
+		case <-router.Running():
+			logger.Info("consuming", "topic", topic, "group", group)
+		case <-runCtx.Done():
 		}
 	}()
+	if err := router.Run(runCtx); err != nil {
+		return err
+	}
+	logger.Info("shut down: no handler running")
+	if d != nil {
+		return d.verdict(ctx)
+	}
 	return nil
 }
 
-// Close closes every member: they leave the group.
-func (c *consumer) Close() error {
-	c.closeOnce.Do(func() { close(c.closing) })
-	c.mu.Lock()
-	c.closed = true
-	members := c.members
-	c.members = nil
-	c.mu.Unlock()
-	var errs []error
-	for _, m := range members {
-		errs = append(errs, m.Close())
-	}
-	return errors.Join(errs...)
+// order is what the orders topic carries.
+type order struct {
+	ID          string `json:"order_id"`
+	AmountCents int64  `json:"amount_cents"`
+	// Simulate asks the stand-in payment provider to misbehave: "slow" or
+	// "flaky" (payments.go). The demo sets it.
+	Simulate string `json:"simulate,omitempty"`
 }
 
-// attemptPartitioner puts each of the producer's copies of an order on its
-// own partition, so that the copies are handled at once: a Kafka consumer
-// handles one message per partition at a time.
-type attemptPartitioner struct{ kafka.DefaultMarshaler }
+// logDeliveries logs every delivery the middleware did not settle as a
+// matter of course: a plain charge or duplicate is counted on /metrics,
+// not logged.
+func logDeliveries(logger *slog.Logger) idempotency.Observer {
+	return idempotency.ObserverFunc(func(_ context.Context, ev idempotency.Event) {
+		if (ev.Outcome == idempotency.OutcomeProcessed && !ev.Lease.Takeover) ||
+			(ev.Outcome == idempotency.OutcomeDuplicate && ev.Waited == 0) {
+			return
+		}
+		attrs := []any{"outcome", ev.Outcome.String(), "key", ev.Key, "message_uuid", ev.MessageUUID}
+		if ev.Lease.Token != 0 {
+			attrs = append(attrs, "fencing_token", ev.Lease.Token, "takeover", ev.Lease.Takeover)
+		}
+		if ev.Waited > 0 {
+			attrs = append(attrs, "waited", ev.Waited.Round(time.Millisecond))
+		}
+		if ev.Err != nil {
+			attrs = append(attrs, "err", ev.Err)
+		}
+		logger.Info("delivery", attrs...)
+	})
+}
 
-func (m attemptPartitioner) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
-	km, err := m.DefaultMarshaler.Marshal(topic, msg)
+// serveMetrics serves registry at /metrics on addr until stopped, and
+// returns its URL.
+func serveMetrics(addr string, registry *prometheus.Registry) (string, func(), error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, err
+		return "", nil, fmt.Errorf("metrics at %s: %w", addr, err)
 	}
-	attempt, _ := strconv.Atoi(msg.Metadata.Get(story.AttemptMetadata))
-	km.Partition = int32(attempt % partitions)
-	return km, nil
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	stop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}
+	return "http://" + ln.Addr().String() + "/metrics", stop, nil
+}
+
+// withoutTime drops the time from log lines: they are read in order.
+func withoutTime(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) == 0 && a.Key == slog.TimeKey {
+		return slog.Attr{}
+	}
+	return a
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/watermill-idempotency/idempotency/examples/internal/output"
+	"github.com/watermill-idempotency/idempotency/examples/internal/exampletest"
 )
 
 func TestQuickstart(t *testing.T) {
@@ -25,7 +25,7 @@ func TestQuickstart(t *testing.T) {
 		sum.FailedAttempts != want.FailedAttempts || sum.Retried != want.Retried {
 		t.Fatalf("summary %+v, want %+v\n%s", sum, want, out.String())
 	}
-	if err := output.EndsWithVerdict(out.String(), "Check: 6 orders charged once each"); err != nil {
+	if err := exampletest.EndsWithVerdict(out.String(), "Check: 6 orders charged once each"); err != nil {
 		t.Fatal(err)
 	}
 	for _, re := range []string{

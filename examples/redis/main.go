@@ -1,53 +1,99 @@
-// Command redis is the order-processing story on Redis Streams with the
-// idempotency middleware and its Redis lease store.
+// Command redis is an order service on Redis Streams that charges every
+// order at most once, however often Redis Streams delivers it: the
+// idempotency middleware takes a lease on the order's id before the
+// handler runs, in Redis too, and the handler writes the charge with the
+// lease's fencing token to a ledger that refuses a stale one.
 //
-// Two consumers share a consumer group and the lease store, each use of
-// Redis with a client and a pool of its own, as in production: the stream
-// and the leases (so lease keeping never waits behind other traffic). The
-// producer sends every order twice (the same order_id under new message
-// UUIDs); one order's handler fails once; the lease store refuses one
-// order's first acquisitions; one order is slow enough that Redis Streams
-// claims its entry for the other consumer while the first still runs.
-// Every charge goes to a sink that refuses stale fencing tokens
-// (examples/internal/story tells the same story on every broker).
+// main.go is the service, top to bottom: the Redis clients, /metrics, the
+// lease store, the middleware, the router and its middleware, the handler,
+// graceful shutdown. ledger.go is the business store, payments.go a stand-in
+// for a payment provider. demo.go is the demonstration, apart from the
+// service: a producer that sends every order twice, an order whose payment
+// fails, a slow order and a message without an order id, and the check of
+// what happened. Run with -serve, the service runs alone until SIGINT or
+// SIGTERM.
 //
-// While it runs, it serves Prometheus metrics at /metrics: the
-// middleware's OpenTelemetry metrics (contrib/otel) next to Watermill's
-// router metrics. At the end it scrapes them and checks that they agree
-// with what it saw, and that every order was charged exactly once; it exits
-// non-zero if not.
+// Configuration (environment):
 //
-// Configuration (environment): REDIS_ADDR (default 127.0.0.1:6379),
-// METRICS_ADDR (default 127.0.0.1:0, a free port).
+//	REDIS_ADDR    the Redis of the stream, the leases and the ledger (default 127.0.0.1:6379)
+//	METRICS_ADDR  where /metrics listens (default 127.0.0.1:0: a free port; the URL is printed)
+//	PREFIX        prepended to every stream, group and key name (default demo-<unix nanoseconds>:,
+//	              fresh for each run; give copies of the service the same one)
 //
-//	go run ./redis
+// Usage:
+//
+//	go run ./redis          # the demo: exits non-zero if one of its claims is false
+//	go run ./redis -serve   # the service alone
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
-	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/components/metrics"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
-	examplemetrics "github.com/watermill-idempotency/idempotency/examples/internal/metrics"
-	"github.com/watermill-idempotency/idempotency/examples/internal/story"
+	idemotel "github.com/watermill-idempotency/idempotency/contrib/otel"
+	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
+const (
+	// maxIdleTime: Redis Streams hands an entry pending this long to
+	// another consumer, even while its first consumer still runs it. Short
+	// here, so that the demo's slow order is claimed while it runs; in
+	// production, above your slowest handler (Watermill's default is 60s).
+	maxIdleTime = time.Second
+	// leaseTTL is about maxIdleTime (docs/brokers.md): when a consumer
+	// dies holding an order, its lease has run out about when another
+	// consumer claims the entry. The lease is renewed every third of it
+	// while the handler runs, so it does not limit the handler.
+	leaseTTL = 3 * maxIdleTime
+	// consumers is how many entries the service handles at once: a Redis
+	// Streams consumer handles one at a time.
+	consumers = 2
+)
+
+type config struct {
+	redisAddr   string
+	metricsAddr string
+	prefix      string
+}
+
 func main() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cfg := Config{RedisAddr: env("REDIS_ADDR", "127.0.0.1:6379"), MetricsAddr: env("METRICS_ADDR", "127.0.0.1:0"), Orders: 20}
-	if _, err := Run(ctx, cfg, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "redis example:", err)
+	serveOnly := flag.Bool("serve", false, "run the service alone, until SIGINT or SIGTERM: no demo orders, no check")
+	flag.Parse()
+	cfg := config{
+		redisAddr:   env("REDIS_ADDR", "127.0.0.1:6379"),
+		metricsAddr: env("METRICS_ADDR", "127.0.0.1:0"),
+		prefix:      env("PREFIX", fmt.Sprintf("demo-%d:", time.Now().UnixNano())),
+	}
+	// SIGINT and SIGTERM shut the service down gracefully: the router
+	// stops taking messages and waits for the running handlers.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, cfg, !*serveOnly)
+	stop()
+	if err != nil {
+		fmt.Println("redis example:", err)
 		os.Exit(1)
 	}
 }
@@ -59,134 +105,219 @@ func env(name, def string) string {
 	return def
 }
 
-// Config configures a run.
-type Config struct {
-	RedisAddr string
-	// MetricsAddr is where /metrics is served while the run lasts.
-	// Defaults to 127.0.0.1:0, a free port.
-	MetricsAddr string
-	// Orders is how many regular orders the producer sends, each twice.
-	Orders int
-	// Prefix keeps the run's stream, group and keys apart. Defaults to a
-	// fresh one per run.
-	Prefix string
-}
+// run runs the service until ctx ends, or withDemo until the demo's
+// messages are settled, then shuts it down gracefully.
+func run(ctx context.Context, cfg config, withDemo bool) error {
+	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{ReplaceAttr: withoutTime}))
+	// Watermill's info lines (subscribing, starting a handler) are debug
+	// here; its warnings and errors are logged.
+	wmLogger := watermill.NewSlogLoggerWithLevelMapping(logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
+	stream, group, poisonStream := cfg.prefix+"orders", cfg.prefix+"billing", cfg.prefix+"orders.poison"
 
-// Report is what happened: the story's report and what /metrics said.
-type Report struct {
-	story.Report
-	Scraped examplemetrics.Scraped
-}
-
-// Check verifies the story and that /metrics agrees with it.
-func (r Report) Check() error {
-	return errors.Join(r.Report.Check(), r.Scraped.Check(map[string]int64{
-		"processed":      r.Outcomes[idempotency.OutcomeProcessed.String()],
-		"duplicate":      r.Outcomes[idempotency.OutcomeDuplicate.String()],
-		"handler_failed": r.Outcomes[idempotency.OutcomeHandlerFailed.String()],
-		"store_error":    r.Outcomes[idempotency.OutcomeStoreError.String()],
-	}, r.Published))
-}
-
-// Run runs the story and prints what happened to w, its verdict last.
-func Run(ctx context.Context, cfg Config, w io.Writer) (Report, error) {
-	if cfg.Prefix == "" {
-		cfg.Prefix = fmt.Sprintf("example-%d:", time.Now().UnixNano())
-	}
+	// A Redis client for each use: the leases' keeping never waits behind
+	// other traffic, and closing a subscriber closes its client.
 	newClient := func() *redis.Client {
-		return redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, ContextTimeoutEnabled: true})
+		return redis.NewClient(&redis.Options{Addr: cfg.redisAddr, ContextTimeoutEnabled: true})
 	}
-	// The broker's and the lease store's clients.
-	client, storeClient := newClient(), newClient()
-	defer client.Close()
+	storeClient, ledgerClient, pubClient := newClient(), newClient(), newClient()
 	defer storeClient.Close()
-	if err := client.Ping(ctx).Err(); err != nil {
-		return Report{}, fmt.Errorf("redis at %s: %w", cfg.RedisAddr, err)
+	defer ledgerClient.Close()
+	defer pubClient.Close()
+	if err := storeClient.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis at %s: %w", cfg.redisAddr, err)
 	}
-	rs, err := redisstore.New(storeClient, redisstore.Options{Prefix: cfg.Prefix + "idem:"})
-	if err != nil {
-		return Report{}, err
-	}
-	defer rs.Close()
-	// Metrics: the middleware's, through contrib/otel, and Watermill's
-	// router metrics, at one /metrics endpoint.
-	metrics, err := examplemetrics.Serve(cfg.MetricsAddr)
-	if err != nil {
-		return Report{}, err
-	}
-	defer metrics.Close()
-	store, otelObserver, err := metrics.Instrument(rs)
-	if err != nil {
-		return Report{}, err
-	}
-	b, err := newBroker(client, cfg.Prefix)
-	if err != nil {
-		return Report{}, err
-	}
-	b.Observer, b.SetupRouter = otelObserver, metrics.AddRouterMetrics
-	fmt.Fprintf(w, "Redis Streams at %s; metrics at %s while the run lasts\n", cfg.RedisAddr, metrics.URL)
 
-	sr, err := story.Run(ctx, b, store, cfg.Orders, w)
-	rep := Report{Report: sr}
+	// /metrics: the middleware's OpenTelemetry metrics, through the
+	// Prometheus exporter, next to Watermill's router metrics.
+	registry := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
 	if err != nil {
-		return rep, err
+		return err
 	}
-	if rep.Scraped, err = metrics.Scrape(ctx); err != nil {
-		return rep, err
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer meters.Shutdown(context.Background()) //nolint:errcheck // nothing is pushed anywhere
+	metricsURL, stopMetrics, err := serveMetrics(cfg.metricsAddr, registry)
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(w, "Scraped from /metrics: %s\n", rep.Scraped)
-	fmt.Fprintln(w, "Summary: "+rep.String())
-	if err := rep.Check(); err != nil {
-		fmt.Fprintf(w, "Check FAILED: %v\n", err)
-		return rep, err
+	defer stopMetrics()
+	logger.Info("serving /metrics", "url", metricsURL)
+
+	// The lease store, its calls timed on /metrics.
+	leases, err := redisstore.New(storeClient, redisstore.Options{Prefix: cfg.prefix + "idem:"})
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(w, "Check: %d orders charged once each through the fenced sink, the claimed slow order caught by its lease, the crashed consumer's order taken over, nothing poisoned, /metrics in agreement.\n", len(rep.Applied))
-	return rep, nil
+	defer leases.Close()
+	store, err := idemotel.InstrumentStore(leases, idemotel.StoreConfig{MeterProvider: meters})
+	if err != nil {
+		return err
+	}
+	deliveries, err := idemotel.NewObserver(idemotel.Config{MeterProvider: meters})
+	if err != nil {
+		return err
+	}
+
+	// The idempotency middleware: one lease per order id.
+	idem, err := idempotency.New(idempotency.Config{
+		Store: store,
+		Key:   keyfunc.JSONField("order_id"),
+		// Every consumer's handler shares the keys (the default namespace
+		// is the handler's name).
+		Namespace: "charge-order",
+		LeaseTTL:  leaseTTL,
+		Observer:  idempotency.MultiObserver(deliveries, logDeliveries(logger)),
+	})
+	if err != nil {
+		return err
+	}
+
+	// Only messages that can never succeed go to the poison stream: no
+	// usable order id, for one. An in-flight duplicate, a store error or
+	// a lost lease is nacked and comes back.
+	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: pubClient}, wmLogger)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	poisonQueue, err := middleware.PoisonQueueWithFilter(pub, poisonStream, idempotency.IsPoison)
+	if err != nil {
+		return err
+	}
+	retry := middleware.Retry{MaxRetries: 2, InitialInterval: 100 * time.Millisecond, Multiplier: 2, Logger: wmLogger}
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wmLogger)
+	if err != nil {
+		return err
+	}
+	metrics.NewPrometheusMetricsBuilder(registry, "", "").AddPrometheusRouterMetrics(router)
+	router.AddMiddleware(
+		poisonQueue,          // outermost: sees what the middleware says can never succeed
+		idem.Middleware,      // one lease for the whole delivery, retries included
+		retry.Middleware,     // retries the handler within that lease
+		middleware.Recoverer, // a panic becomes an error: retried, then the lease released
+	)
+
+	// The handler: charges the order, with the lease's fencing token on
+	// the ledger's write.
+	ledger := &ledger{client: ledgerClient, prefix: cfg.prefix + "ledger:"}
+	payments := &fakePayments{}
+	chargeOrder := func(msg *message.Message) error {
+		var order order
+		if err := json.Unmarshal(msg.Payload, &order); err != nil {
+			return err
+		}
+		lease, ok := idempotency.LeaseFromContext(msg.Context())
+		if !ok {
+			return errors.New("no lease: the idempotency middleware does not run before this handler")
+		}
+		logger.Info("charging", "order", order.ID, "amount_cents", order.AmountCents, "fencing_token", lease.Token)
+		if err := payments.charge(msg.Context(), order); err != nil {
+			return err
+		}
+		return ledger.record(msg.Context(), order, lease.Token)
+	}
+
+	host, _ := os.Hostname()
+	for i := range consumers {
+		sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
+			Client:        newClient(), // the subscriber closes it
+			Consumer:      fmt.Sprintf("%s-%d-%d", host, os.Getpid(), i),
+			ConsumerGroup: group,
+			MaxIdleTime:   maxIdleTime,
+			ClaimInterval: maxIdleTime / 10,
+			// A nacked entry is resent to this consumer after this pause,
+			// blocking its next entry meanwhile (docs/brokers.md).
+			NackResendSleep:               100 * time.Millisecond,
+			DisableIndefiniteInitialBlock: true, // so that Close never waits on an empty stream
+		}, wmLogger)
+		if err != nil {
+			return err
+		}
+		router.AddConsumerHandler(fmt.Sprintf("charge-order-%d", i), stream, sub, chargeOrder)
+	}
+
+	// The demo (demo.go) produces its messages once the router runs, and
+	// ends runCtx once they are settled, as SIGTERM would.
+	runCtx := ctx
+	var d *demo
+	if withDemo {
+		if d, runCtx, err = startDemo(ctx, cfg, router.Running(), metricsURL, logger); err != nil {
+			return err
+		}
+	}
+	go func() {
+		select {
+		case <-router.Running():
+			logger.Info("consuming", "stream", stream, "group", group, "consumers", consumers)
+		case <-runCtx.Done():
+		}
+	}()
+	if err := router.Run(runCtx); err != nil {
+		return err
+	}
+	logger.Info("shut down: no handler running")
+	if d != nil {
+		return d.verdict(ctx)
+	}
+	return nil
 }
 
-// Redis Streams claims an entry idle this long for another consumer, even
-// while its first consumer still runs it: short here, so that the slow
-// order (3s) is claimed while it runs.
-const maxIdleTime = time.Second
+// order is what the orders stream carries.
+type order struct {
+	ID          string `json:"order_id"`
+	AmountCents int64  `json:"amount_cents"`
+	// Simulate asks the stand-in payment provider to misbehave: "slow" or
+	// "flaky" (payments.go). The demo sets it.
+	Simulate string `json:"simulate,omitempty"`
+}
 
-// newBroker is Redis Streams as the story uses it: one stream, one
-// consumer group. Each consumer's subscriber gets a client of its own, as
-// a process of its own would: closing a watermill-redisstream subscriber
-// closes its client.
-func newBroker(client *redis.Client, prefix string) (story.Broker, error) {
-	logger := watermill.NopLogger{}
-	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client}, logger)
+// logDeliveries logs every delivery the middleware did not settle as a
+// matter of course: a plain charge or duplicate is counted on /metrics,
+// not logged.
+func logDeliveries(logger *slog.Logger) idempotency.Observer {
+	return idempotency.ObserverFunc(func(_ context.Context, ev idempotency.Event) {
+		if (ev.Outcome == idempotency.OutcomeProcessed && !ev.Lease.Takeover) ||
+			(ev.Outcome == idempotency.OutcomeDuplicate && ev.Waited == 0) {
+			return
+		}
+		attrs := []any{"outcome", ev.Outcome.String(), "key", ev.Key, "message_uuid", ev.MessageUUID}
+		if ev.Lease.Token != 0 {
+			attrs = append(attrs, "fencing_token", ev.Lease.Token, "takeover", ev.Lease.Takeover)
+		}
+		if ev.Waited > 0 {
+			attrs = append(attrs, "waited", ev.Waited.Round(time.Millisecond))
+		}
+		if ev.Err != nil {
+			attrs = append(attrs, "err", ev.Err)
+		}
+		logger.Info("delivery", attrs...)
+	})
+}
+
+// serveMetrics serves registry at /metrics on addr until stopped, and
+// returns its URL.
+func serveMetrics(addr string, registry *prometheus.Registry) (string, func(), error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return story.Broker{}, err
+		return "", nil, fmt.Errorf("metrics at %s: %w", addr, err)
 	}
-	topic, group := prefix+"orders", prefix+"billing"
-	return story.Broker{
-		Name:      "Redis Streams",
-		Publisher: pub,
-		Topic:     topic,
-		Subscriber: func(consumer string) (message.Subscriber, error) {
-			return redisstream.NewSubscriber(redisstream.SubscriberConfig{
-				Client:          redis.NewClient(client.Options()),
-				Consumer:        consumer,
-				ConsumerGroup:   group,
-				OldestId:        "0",
-				MaxIdleTime:     maxIdleTime,
-				ClaimInterval:   100 * time.Millisecond,
-				NackResendSleep: 100 * time.Millisecond,
-				BlockTime:       100 * time.Millisecond,
-			}, logger)
-		},
-		// About MaxIdleTime, a few times over: the lease is renewed every
-		// third of it while the handler runs.
-		Configure: func(c *idempotency.Config) { c.LeaseTTL = 3 * maxIdleTime },
-		// A consumer reads what it claims on the channel it reads the
-		// stream on, one entry at a time: one busy nacking a copy of the
-		// slow order, as it would with a second copy from the producer,
-		// handles the entry it claimed only once that copy is acked, after
-		// the order ran. One copy leaves the other consumer free to claim
-		// the holder's entry, idle past MaxIdleTime, while it still runs.
-		SlowCopies:             1,
-		SlowFor:                4 * time.Second,
-		RedeliversWhileRunning: true,
-	}, nil
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	stop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}
+	return "http://" + ln.Addr().String() + "/metrics", stop, nil
+}
+
+// withoutTime drops the time from log lines: they are read in order.
+func withoutTime(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) == 0 && a.Key == slog.TimeKey {
+		return slog.Attr{}
+	}
+	return a
 }

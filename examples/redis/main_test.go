@@ -1,69 +1,216 @@
 package main
 
 import (
-	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
-	examplemetrics "github.com/watermill-idempotency/idempotency/examples/internal/metrics"
-	"github.com/watermill-idempotency/idempotency/examples/internal/output"
-	"github.com/watermill-idempotency/idempotency/examples/internal/story"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/redisstore"
+	"github.com/watermill-idempotency/idempotency/examples/internal/exampletest"
 	"github.com/watermill-idempotency/idempotency/examples/internal/testenv"
 )
 
-// The example end to end against the real Redis ($REDIS_ADDR): Redis Streams for the messages, Redis for the leases,
-// and a scrape of its /metrics.
-func TestRedisStreamsExample(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	rep, err := Run(ctx, Config{RedisAddr: testenv.Service(t, "REDIS_ADDR"), Orders: 50, Prefix: testenv.Unique("example-redis-")}, &out)
-	t.Log("\n" + out.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := output.EndsWithVerdict(out.String(), "Check: 54 orders charged once each"); err != nil {
-		t.Fatal(err)
-	}
-	for order, n := range rep.Applied {
-		if n != 1 {
-			t.Errorf("order %s charged %d times", order, n)
-		}
-	}
-	if rep.SlowRedelivered < 1 || rep.SlowInFlight < 1 {
-		t.Errorf("the slow order was not claimed while it ran, or its copies not caught: %+v", rep.Report)
-	}
-	// The /metrics scrape: the middleware's metric by outcome, and
-	// Watermill's router metric next to it.
-	got := rep.Scraped.Deliveries
-	if got["processed"] != 54 || got["handler_failed"] < 1 || got["store_error"] != 2 || got["duplicate"] < 50 {
-		t.Errorf("scraped watermill_idempotency_deliveries_total %v: want 54 processed, 1 or more handler_failed, 2 store_error, 50 or more duplicate", got)
-	}
-	if rep.Scraped.HandlerExecutions < float64(rep.Published) {
-		t.Errorf("scraped %v handler executions for %d messages", rep.Scraped.HandlerExecutions, rep.Published)
-	}
+func TestMain(m *testing.M) { os.Exit(exampletest.Main(m)) }
+
+// exampleEnv is the example's configuration for a test: the test's Redis, a free
+// port for /metrics, and names that hold the run's id.
+func exampleEnv(t *testing.T, prefix string) []string {
+	return []string{"REDIS_ADDR=" + testenv.Service(t, "REDIS_ADDR"), "METRICS_ADDR=127.0.0.1:0", "PREFIX=" + prefix}
 }
 
-// The story on Redis Streams with the leases in Redis and in Postgres.
-func TestRedisStreams(t *testing.T) {
-	story.Tell(t, func(t *testing.T) story.Broker {
-		client := testenv.RedisClient(t) // its subscribers close it
-		prefix := testenv.Unique("redis-story-")
-		t.Cleanup(func() { client.Del(context.Background(), prefix+"orders") })
-		b, err := newBroker(client, prefix)
-		if err != nil {
-			t.Fatal(err)
+// deleteAll deletes, when the test ends, every key the example made:
+// its streams, leases and ledger.
+func deleteAll(t *testing.T, client *redis.Client, prefix string) {
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			client.Del(ctx, iter.Val())
 		}
-		return b
+		if err := iter.Err(); err != nil {
+			t.Errorf("deleting the example's keys: %v", err)
+		}
 	})
 }
 
-// The check behind the printed verdict also fails when /metrics disagrees.
-func TestReportCheckCatchesMetricsDisagreement(t *testing.T) {
-	r := Report{Report: story.Report{Published: 3, Outcomes: map[string]int64{"processed": 2}},
-		Scraped: examplemetrics.Scraped{Deliveries: map[string]float64{"processed": 1}, HandlerExecutions: 3}}
-	if r.Scraped.Check(map[string]int64{"processed": 2}, 3) == nil || r.Check() == nil {
-		t.Error("a disagreeing scrape passed")
+// ledgerEntries reads the ledger as Redis has it: each order's charges
+// and the fencing token of the last one.
+func ledgerEntries(t *testing.T, client *redis.Client, prefix string) map[string]entry {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]entry{}
+	keys, err := client.Keys(ctx, prefix+"ledger:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range keys {
+		h, err := client.HGetAll(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		token, _ := strconv.ParseInt(h["token"], 10, 64)
+		charges, _ := strconv.ParseInt(h["charges"], 10, 64)
+		out[key[len(prefix+"ledger:"):]] = entry{Token: token, Charges: charges}
+	}
+	return out
+}
+
+// The demo as a user runs it (`make example-redis`): the program exits 0
+// with its verdict last, and Redis holds what it claims: every order
+// charged once, its lease completed under the token the ledger kept, and
+// only the message without an order id on the poison stream.
+func TestRedisStreamsExample(t *testing.T) {
+	bin := exampletest.Build(t, ".")
+	client := testenv.RedisClient(t)
+	prefix := testenv.Unique("example-redis-")
+	deleteAll(t, client, prefix)
+
+	p := exampletest.Start(t, "the redis example", bin, nil, exampleEnv(t, prefix)...)
+	if code := p.Wait(3 * time.Minute); code != 0 {
+		t.Fatalf("exit status %d", code)
+	}
+	if err := exampletest.EndsWithVerdict(p.Output(), "Check: 22 orders charged exactly once each"); err != nil {
+		t.Fatal(err)
+	}
+	if p.Find(exampletest.MetricsURL) == nil {
+		t.Error("the /metrics URL was not printed")
+	}
+
+	want := []string{slowOrder, flakyOrder}
+	for i := range demoOrders {
+		want = append(want, fmt.Sprintf("order-%03d", i+1))
+	}
+	ledger := ledgerEntries(t, client, prefix)
+	if len(ledger) != len(want) {
+		t.Errorf("the ledger holds %d orders, want %d: %v", len(ledger), len(want), ledger)
+	}
+	leases, err := redisstore.New(client, redisstore.Options{Prefix: prefix + "idem:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range want {
+		e := ledger[id]
+		if e.Charges != 1 {
+			t.Errorf("order %s charged %d times", id, e.Charges)
+		}
+		rec, err := leases.Inspect(context.Background(), "charge-order:"+id)
+		if err != nil {
+			t.Errorf("order %s's lease: %v", id, err)
+			continue
+		}
+		if rec.State != backends.StateCompleted || rec.Token != e.Token {
+			t.Errorf("order %s's lease is %s under token %d; the ledger's charge has token %d", id, rec.State, rec.Token, e.Token)
+		}
+	}
+	if n := client.XLen(context.Background(), prefix+"orders.poison").Val(); n != 1 {
+		t.Errorf("the poison stream holds %d messages, want the one without an order id", n)
+	}
+}
+
+var (
+	consuming = regexp.MustCompile(`msg=consuming `)
+	charging  = func(order string) *regexp.Regexp {
+		return regexp.MustCompile(`msg=charging order=` + order + ` .*fencing_token=(\d+)`)
+	}
+)
+
+// Two copies of the service share the stream and the leases, as two
+// instances of a deployment would. While one charges the slow order,
+// Redis Streams hands its idle entry to a consumer again, which waits for
+// the holder. Then the copy charging another slow order is killed
+// (SIGKILL): the survivor claims the entry, takes the dead copy's lease
+// over once it has run out, and charges the order under a newer fencing
+// token. Every order is charged once, and the survivor shuts down
+// gracefully on SIGTERM.
+func TestRedisStreamsExampleCopies(t *testing.T) {
+	bin := exampletest.Build(t, ".")
+	client := testenv.RedisClient(t)
+	prefix := testenv.Unique("example-redis-copies-")
+	deleteAll(t, client, prefix)
+
+	copies := []*exampletest.Process{
+		exampletest.Start(t, "copy a", bin, []string{"-serve"}, exampleEnv(t, prefix)...),
+		exampletest.Start(t, "copy b", bin, []string{"-serve"}, exampleEnv(t, prefix)...),
+	}
+	for _, p := range copies {
+		p.WaitFor(consuming, time.Minute)
+	}
+	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(o order) {
+		t.Helper()
+		payload, _ := json.Marshal(o)
+		if err := pub.Publish(prefix+"orders", message.NewMessage(watermill.NewUUID(), payload)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	send(order{ID: slowOrder, AmountCents: 5000, Simulate: "slow"})
+	exampletest.WaitForAny(t, copies, regexp.MustCompile(`msg=delivery outcome=duplicate key=charge-order:`+slowOrder+` .*waited=`), time.Minute)
+
+	const crashOrder = "order-crash"
+	send(order{ID: crashOrder, AmountCents: 6000, Simulate: "slow"})
+	holder, m := exampletest.WaitForAny(t, copies, charging(crashOrder), time.Minute)
+	deadToken, _ := strconv.ParseInt(m[1], 10, 64)
+	holder.Kill()
+	survivor := copies[0]
+	if survivor == holder {
+		survivor = copies[1]
+	}
+	m = survivor.WaitFor(regexp.MustCompile(`msg=delivery outcome=processed key=charge-order:`+crashOrder+` .*fencing_token=(\d+) takeover=true`), time.Minute)
+	takeoverToken, _ := strconv.ParseInt(m[1], 10, 64)
+	if takeoverToken <= deadToken {
+		t.Errorf("the survivor charged the crash order under token %d, the dead copy held %d", takeoverToken, deadToken)
+	}
+
+	want := []string{slowOrder, crashOrder}
+	for i := range 10 {
+		o := order{ID: fmt.Sprintf("order-%03d", i+1), AmountCents: 100}
+		send(o)
+		send(o)
+		want = append(want, o.ID)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for len(ledgerEntries(t, client, prefix)) < len(want) && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	ledger := ledgerEntries(t, client, prefix)
+	for _, id := range want {
+		if ledger[id].Charges != 1 {
+			t.Errorf("order %s charged %d times", id, ledger[id].Charges)
+		}
+	}
+	if ledger[crashOrder].Token != takeoverToken {
+		t.Errorf("the ledger kept token %d for the crash order, the takeover's was %d", ledger[crashOrder].Token, takeoverToken)
+	}
+
+	// What an operator sees: the takeover on the survivor's /metrics.
+	families := exampletest.Scrape(t, survivor.WaitFor(exampletest.MetricsURL, time.Second)[1])
+	if n := exampletest.Sum(families, "watermill_idempotency_takeovers_total", "")[""]; n < 1 {
+		t.Errorf("the survivor's /metrics counts %v takeovers", n)
+	}
+	survivor.Signal(syscall.SIGTERM)
+	if code := survivor.Wait(time.Minute); code != 0 {
+		t.Errorf("the survivor exited with status %d after SIGTERM", code)
+	}
+	if survivor.Find(regexp.MustCompile(`msg="shut down: no handler running"`)) == nil {
+		t.Error("the survivor did not report its graceful shutdown")
+	}
+	if n := client.XLen(context.Background(), prefix+"orders.poison").Val(); n != 0 {
+		t.Errorf("%d messages reached the poison stream", n)
 	}
 }

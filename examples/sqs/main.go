@@ -1,88 +1,122 @@
-// Command sqs is an order-processing service on Amazon SQS (watermill-aws)
-// with the idempotency middleware, its leases in Redis (or Postgres, or
-// DynamoDB).
+// Command sqs is an order service on Amazon SQS (watermill-aws) that
+// charges every order at most once, however often SQS delivers it: the
+// idempotency middleware takes a lease on the order's id before the
+// handler runs, in Redis, Postgres or DynamoDB, and the handler writes the
+// charge with the lease's fencing token to a ledger that refuses a stale
+// one. A copy that arrives while its order is being charged elsewhere is
+// nacked, and contrib/awssqs's Defer makes it visible again when the
+// holder's lease runs out, instead of holding a worker.
 //
-// It tells the story every broker's test tells (examples/internal/story).
-// Two consumer instances receive from one queue. The producer sends every
-// order twice (the same order_id under new message UUIDs). One order's
-// handler fails once: watermill-aws's nack does nothing, the message comes
-// back after the visibility timeout, and the retry charges it. The lease
-// store refuses one order's first acquisitions. One order takes longer
-// than the visibility timeout, and the producer retries it at once: its
-// copies arrive while the first still runs. Instead of holding a worker,
-// each such copy is nacked, and contrib/awssqs's Defer makes it visible
-// again when the holder's lease runs out; by then the order is charged and
-// the copy is dropped. Every charge goes to a sink that refuses stale
-// fencing tokens.
+// main.go is the service, top to bottom: the queues, /metrics, the lease
+// store, the middleware, the router and its middleware, the handler,
+// graceful shutdown. ledger.go is the business store (in Redis),
+// payments.go a stand-in for a payment provider. demo.go is the
+// demonstration, apart from the service: a producer that sends every order
+// twice, an order whose payment fails, a slow order sent twice at once and
+// a message without an order id, and the check of what happened. Run with
+// -serve, the service runs alone until SIGINT or SIGTERM.
 //
-// While it runs, it serves Prometheus metrics at /metrics: the
-// middleware's OpenTelemetry metrics (contrib/otel) next to Watermill's
-// router metrics. At the end it scrapes them and checks that they agree
-// with what it saw.
+// Configuration (environment):
 //
-// Configuration (environment): SQS_ENDPOINT (default http://localhost:4566,
-// LocalStack), AWS_REGION (us-east-1), STORE or -store (redis, postgres or
-// dynamodb), REDIS_ADDR (127.0.0.1:6379), DATABASE_URL (for the postgres
-// store), DYNAMODB_ENDPOINT (for the dynamodb store; defaults to
-// SQS_ENDPOINT, as LocalStack serves both), DYNAMODB_NO_TTL (set it for
-// an emulator without TTL, such as dynalite), METRICS_ADDR (127.0.0.1:0, a
-// free port).
+//	SQS_ENDPOINT       SQS (default http://localhost:4566, LocalStack)
+//	AWS_REGION         the region (default us-east-1); credentials are static, for emulators
+//	STORE or -store    where the leases live: redis (default), postgres or dynamodb
+//	REDIS_ADDR         the Redis of the ledger, and of the leases with STORE=redis (default 127.0.0.1:6379)
+//	DATABASE_URL       the Postgres of the leases with STORE=postgres
+//	                   (default postgres://postgres@127.0.0.1:5432/test?sslmode=disable)
+//	DYNAMODB_ENDPOINT  DynamoDB, with STORE=dynamodb (default SQS_ENDPOINT: LocalStack serves both)
+//	DYNAMODB_NO_TTL    set it for an emulator without TTL (dynalite)
+//	METRICS_ADDR       where /metrics listens (default 127.0.0.1:0: a free port; the URL is printed)
+//	PREFIX             prepended to every queue, table, schema and key name (default demo-<unix
+//	                   nanoseconds>-, fresh for each run; give copies of the service the same one)
 //
-//	go run ./sqs
+// Usage:
+//
+//	go run ./sqs                  # the demo: exits non-zero if one of its claims is false
 //	go run ./sqs -store postgres
-//	go run ./sqs -store dynamodb
+//	go run ./sqs -serve           # the service alone
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
-	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsqs "github.com/ThreeDotsLabs/watermill-aws/sqs"
+	"github.com/ThreeDotsLabs/watermill/components/metrics"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/dynamostore"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
 	"github.com/watermill-idempotency/idempotency/contrib/awssqs"
-	examplemetrics "github.com/watermill-idempotency/idempotency/examples/internal/metrics"
-	"github.com/watermill-idempotency/idempotency/examples/internal/story"
+	idemotel "github.com/watermill-idempotency/idempotency/contrib/otel"
+	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
+// visibilityTimeout is the queue's: SQS shows a received message again
+// after it, even while its handler still runs. Short here, so that the
+// demo's slow order comes back while it runs.
+const visibilityTimeout = 2 * time.Second
+
+type config struct {
+	endpoint, region string
+	store            string // redis, postgres or dynamodb
+	redisAddr        string
+	databaseURL      string
+	dynamoEndpoint   string
+	dynamoNoTTL      bool
+	metricsAddr      string
+	prefix           string
+}
+
 func main() {
 	store := flag.String("store", env("STORE", "redis"), "where the leases live: redis, postgres or dynamodb")
+	serveOnly := flag.Bool("serve", false, "run the service alone, until SIGINT or SIGTERM: no demo orders, no check")
 	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cfg := Config{
-		Endpoint:       env("SQS_ENDPOINT", "http://localhost:4566"),
-		Region:         env("AWS_REGION", "us-east-1"),
-		Store:          *store,
-		RedisAddr:      env("REDIS_ADDR", "127.0.0.1:6379"),
-		DatabaseURL:    env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
-		DynamoEndpoint: os.Getenv("DYNAMODB_ENDPOINT"),
-		DynamoNoTTL:    os.Getenv("DYNAMODB_NO_TTL") != "",
-		MetricsAddr:    env("METRICS_ADDR", "127.0.0.1:0"),
-		Orders:         10,
+	cfg := config{
+		endpoint:       env("SQS_ENDPOINT", "http://localhost:4566"),
+		region:         env("AWS_REGION", "us-east-1"),
+		store:          *store,
+		redisAddr:      env("REDIS_ADDR", "127.0.0.1:6379"),
+		databaseURL:    env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		dynamoEndpoint: env("DYNAMODB_ENDPOINT", env("SQS_ENDPOINT", "http://localhost:4566")),
+		dynamoNoTTL:    os.Getenv("DYNAMODB_NO_TTL") != "",
+		metricsAddr:    env("METRICS_ADDR", "127.0.0.1:0"),
+		prefix:         env("PREFIX", fmt.Sprintf("demo-%d-", time.Now().UnixNano())),
 	}
-	if _, err := Run(ctx, cfg, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "sqs example:", err)
+	// SIGINT and SIGTERM shut the service down gracefully: the router
+	// stops taking messages and waits for the running handlers.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, cfg, !*serveOnly)
+	stop()
+	if err != nil {
+		fmt.Println("sqs example:", err)
 		os.Exit(1)
 	}
 }
@@ -94,250 +128,298 @@ func env(name, def string) string {
 	return def
 }
 
-// Config configures a run.
-type Config struct {
-	Endpoint, Region string
-	// Store is "redis", "postgres" or "dynamodb".
-	Store                  string
-	RedisAddr, DatabaseURL string
-	// DynamoEndpoint is DynamoDB's endpoint, for the dynamodb store.
-	// Defaults to Endpoint (LocalStack serves both).
-	DynamoEndpoint string
-	// DynamoNoTTL leaves TTL off on the store's table, for an emulator
-	// without UpdateTimeToLive (dynalite).
-	DynamoNoTTL bool
-	// MetricsAddr is where /metrics is served while the run lasts.
-	// Defaults to 127.0.0.1:0, a free port.
-	MetricsAddr string
-	// Orders is how many regular orders the producer sends (each twice).
-	Orders int
-	// Prefix keeps the run's queue and keys apart. Defaults to a fresh one.
-	Prefix string
-}
+// run runs the service until ctx ends, or withDemo until the demo's
+// messages are settled, then shuts it down gracefully.
+func run(ctx context.Context, cfg config, withDemo bool) error {
+	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{ReplaceAttr: withoutTime}))
+	// Watermill's info lines (subscribing, starting a handler) are debug
+	// here; its warnings and errors are logged.
+	wmLogger := watermill.NewSlogLoggerWithLevelMapping(logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
+	queue, poisonQueue := cfg.prefix+"orders", cfg.prefix+"orders-poison"
 
-// The queue's visibility timeout: short, so that the slow order (3s) comes
-// back while it runs.
-const visibilityTimeout = 2 * time.Second
-
-// Report is what happened: the story's report, the copies Defer deferred,
-// and what /metrics said.
-type Report struct {
-	story.Report
-	// Deferred counts the copies Defer made visible again later (its
-	// successful ChangeMessageVisibility calls).
-	Deferred int64
-	Scraped  examplemetrics.Scraped
-}
-
-// Check verifies the story, that Defer deferred an in-flight copy, and
-// that /metrics agrees.
-func (r Report) Check() error {
-	var errs []error
-	errs = append(errs, r.Report.Check())
-	if r.Deferred < 1 {
-		errs = append(errs, errors.New("no copy in progress was deferred"))
+	// SQS, with static credentials for an emulator; use the SDK's default
+	// chain (config.LoadDefaultConfig) against AWS.
+	awsCfg := aws.Config{Region: cfg.region, Credentials: credentials.NewStaticCredentialsProvider("example", "example", "")}
+	endpoint := []func(*sqs.Options){func(o *sqs.Options) { o.BaseEndpoint = aws.String(cfg.endpoint) }}
+	sqsClient := sqs.NewFromConfig(awsCfg, endpoint...)
+	if err := createQueues(ctx, sqsClient, queue, poisonQueue); err != nil {
+		return err
 	}
-	counts := map[string]int64{}
-	for _, o := range []idempotency.Outcome{idempotency.OutcomeProcessed, idempotency.OutcomeDuplicate,
-		idempotency.OutcomeHandlerFailed, idempotency.OutcomeInProgress, idempotency.OutcomeStoreError} {
-		counts[o.String()] = r.Outcomes[o.String()]
-	}
-	errs = append(errs, r.Scraped.Check(counts, r.Published))
-	return errors.Join(errs...)
-}
 
-// Run runs the story and prints what happened to w, its verdict last.
-func Run(ctx context.Context, cfg Config, w io.Writer) (Report, error) {
-	if cfg.Prefix == "" {
-		cfg.Prefix = fmt.Sprintf("example-%d", time.Now().UnixNano())
-	}
-	plainStore, closeStore, err := openStore(ctx, cfg)
+	// /metrics: the middleware's OpenTelemetry metrics, through the
+	// Prometheus exporter, next to Watermill's router metrics.
+	registry := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
 	if err != nil {
-		return Report{}, err
+		return err
 	}
-	defer closeStore()
-	// Metrics: the middleware's, through contrib/otel, and Watermill's
-	// router metrics, at one /metrics endpoint.
-	metrics, err := examplemetrics.Serve(cfg.MetricsAddr)
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer meters.Shutdown(context.Background()) //nolint:errcheck // nothing is pushed anywhere
+	metricsURL, stopMetrics, err := serveMetrics(cfg.metricsAddr, registry)
 	if err != nil {
-		return Report{}, err
+		return err
 	}
-	defer metrics.Close()
-	store, otelObserver, err := metrics.Instrument(plainStore)
-	if err != nil {
-		return Report{}, err
-	}
-	var deferred atomic.Int64
-	b, err := newBroker(ctx, cfg, &deferred)
-	if err != nil {
-		return Report{}, err
-	}
-	b.Observer, b.SetupRouter = otelObserver, metrics.AddRouterMetrics
-	fmt.Fprintf(w, "SQS at %s, leases in %s; metrics at %s while the run lasts\n", cfg.Endpoint, cfg.Store, metrics.URL)
+	defer stopMetrics()
+	logger.Info("serving /metrics", "url", metricsURL)
 
-	sr, err := story.Run(ctx, b, store, cfg.Orders, w)
-	rep := Report{Report: sr, Deferred: deferred.Load()}
+	// The lease store, its calls timed on /metrics.
+	leases, closeLeases, err := openStore(ctx, cfg)
 	if err != nil {
-		return rep, err
+		return err
 	}
-	if rep.Scraped, err = metrics.Scrape(ctx); err != nil {
-		return rep, err
-	}
-	fmt.Fprintf(w, "Scraped from /metrics: %s\n", rep.Scraped)
-	fmt.Fprintf(w, "Summary: %s; Defer deferred %d in-flight copies\n", rep.String(), rep.Deferred)
-	if err := rep.Check(); err != nil {
-		fmt.Fprintf(w, "Check FAILED: %v\n", err)
-		return rep, err
-	}
-	fmt.Fprintf(w, "Check: %d orders charged once each through the fenced sink, every message acked, in-flight copies deferred and dropped, the crashed consumer's order taken over, nothing poisoned, /metrics in agreement.\n", len(rep.Applied))
-	return rep, nil
-}
-
-// newBroker is SQS as the story uses it: one queue read by both consumers
-// with Defer in front of the middleware. deferred counts Defer's calls.
-func newBroker(ctx context.Context, cfg Config, deferred *atomic.Int64) (story.Broker, error) {
-	logger := watermill.NopLogger{}
-	awsCfg := aws.Config{Region: cfg.Region, Credentials: credentials.NewStaticCredentialsProvider("example", "example", "")}
-	endpoint := []func(*sqs.Options){func(o *sqs.Options) { o.BaseEndpoint = aws.String(cfg.Endpoint) }}
-	queue := cfg.Prefix + "-orders"
-	if err := createQueue(ctx, awsCfg, endpoint, queue); err != nil {
-		return story.Broker{}, err
-	}
-	client := visibilityCounter{Client: sqs.NewFromConfig(awsCfg, endpoint...), n: deferred}
-	deferrer, err := awssqs.NewDefer(awssqs.DeferConfig{Client: client})
+	defer closeLeases()
+	store, err := idemotel.InstrumentStore(leases, idemotel.StoreConfig{MeterProvider: meters})
 	if err != nil {
-		return story.Broker{}, err
+		return err
 	}
-	pub, err := wsqs.NewPublisher(wsqs.PublisherConfig{AWSConfig: awsCfg, OptFns: endpoint, DoNotCreateQueueIfNotExists: true}, logger)
+	deliveries, err := idemotel.NewObserver(idemotel.Config{MeterProvider: meters})
 	if err != nil {
-		return story.Broker{}, err
+		return err
 	}
-	return story.Broker{
-		Name:      "SQS",
-		Publisher: pub,
-		Topic:     queue,
-		Subscriber: func(string) (message.Subscriber, error) {
-			return wsqs.NewSubscriber(wsqs.SubscriberConfig{
-				AWSConfig:                   awsCfg,
-				OptFns:                      endpoint,
-				DoNotCreateQueueIfNotExists: true,
-				ConsumeWorkers:              2,
-				Unmarshaler:                 awssqs.Unmarshaler{}, // keeps the receipt handle for Defer
-				GenerateReceiveMessageInput: func(ctx context.Context, url wsqs.QueueURL) (*sqs.ReceiveMessageInput, error) {
-					in, err := wsqs.GenerateReceiveMessageInputDefault(ctx, url)
-					if err == nil {
-						in.WaitTimeSeconds = 1 // short long-polls, so the example stops quickly
-					}
-					return in, err
-				},
-			}, logger)
-		},
-		Middleware: []message.HandlerMiddleware{deferrer.Middleware},
-		Configure: func(c *idempotency.Config) {
-			// About the queue's visibility timeout: a crashed consumer's key
-			// is free again when SQS brings its message back.
-			c.LeaseTTL = visibilityTimeout
-			// A copy whose key is held waits briefly, then is nacked and
-			// deferred, instead of holding an SQS worker.
-			c.InProgressWait = 200 * time.Millisecond
-		},
-		// Over twice the visibility timeout: SQS shows the slow order's
-		// message again one visibility timeout after it was received, and
-		// a consumer must then receive it (a long poll) while the order
-		// still runs.
-		SlowFor:                9 * visibilityTimeout / 4,
-		RedeliversWhileRunning: true,
-	}, nil
-}
 
-// visibilityCounter counts the visibility changes Defer makes.
-type visibilityCounter struct {
-	*sqs.Client
-	n *atomic.Int64
-}
-
-func (c visibilityCounter) ChangeMessageVisibility(ctx context.Context, in *sqs.ChangeMessageVisibilityInput, optFns ...func(*sqs.Options)) (*sqs.ChangeMessageVisibilityOutput, error) {
-	out, err := c.Client.ChangeMessageVisibility(ctx, in, optFns...)
-	if err == nil {
-		c.n.Add(1)
-	}
-	return out, err
-}
-
-// createQueue creates the queue with a short visibility timeout. The
-// example creates it itself: emulators do not all answer the SDK's typed
-// "does not exist" error that auto-creation relies on.
-func createQueue(ctx context.Context, cfg aws.Config, optFns []func(*sqs.Options), name string) error {
-	client := sqs.NewFromConfig(cfg, optFns...)
-	_, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{
-		QueueName:  aws.String(name),
-		Attributes: map[string]string{"VisibilityTimeout": strconv.Itoa(int(visibilityTimeout.Seconds()))},
+	// The idempotency middleware: one lease per order id.
+	idem, err := idempotency.New(idempotency.Config{
+		Store: store,
+		Key:   keyfunc.JSONField("order_id"),
+		// About the visibility timeout: when a consumer dies holding an
+		// order, its lease has run out when SQS shows the message again.
+		// The lease is renewed every third of it while the handler runs.
+		LeaseTTL: visibilityTimeout,
+		// A copy whose order is held elsewhere waits briefly, then is
+		// nacked and deferred (below), instead of holding a worker.
+		InProgressWait: 200 * time.Millisecond,
+		Observer:       idempotency.MultiObserver(deliveries, logDeliveries(logger)),
 	})
 	if err != nil {
-		return fmt.Errorf("create queue %s: %w", name, err)
+		return err
+	}
+	// watermill-aws's nack does nothing: a nacked message comes back after
+	// the visibility timeout. Defer makes an in-flight copy visible again
+	// when the holder's lease runs out instead. Each deferral is logged.
+	deferrer, err := awssqs.NewDefer(awssqs.DeferConfig{
+		Client: sqsClient,
+		Logger: watermill.NewSlogLoggerWithLevelMapping(logger, map[slog.Level]slog.Level{slog.LevelDebug: slog.LevelInfo}),
+	})
+	if err != nil {
+		return err
+	}
+
+	// Only messages that can never succeed go to the poison queue: no
+	// usable order id, for one. An in-flight duplicate, a store error or
+	// a lost lease is nacked and comes back.
+	pub, err := wsqs.NewPublisher(wsqs.PublisherConfig{AWSConfig: awsCfg, OptFns: endpoint, DoNotCreateQueueIfNotExists: true}, wmLogger)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	poison, err := middleware.PoisonQueueWithFilter(pub, poisonQueue, idempotency.IsPoison)
+	if err != nil {
+		return err
+	}
+	retry := middleware.Retry{MaxRetries: 2, InitialInterval: 100 * time.Millisecond, Multiplier: 2, Logger: wmLogger}
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wmLogger)
+	if err != nil {
+		return err
+	}
+	metrics.NewPrometheusMetricsBuilder(registry, "", "").AddPrometheusRouterMetrics(router)
+	router.AddMiddleware(
+		poison,               // outermost: sees what the middleware says can never succeed
+		deferrer.Middleware,  // takes the receipt handle out before any handler sees it
+		idem.Middleware,      // one lease for the whole delivery, retries included
+		retry.Middleware,     // retries the handler within that lease
+		middleware.Recoverer, // a panic becomes an error: retried, then the lease released
+	)
+
+	// The handler: charges the order, with the lease's fencing token on
+	// the ledger's write.
+	ledgerClient := redis.NewClient(&redis.Options{Addr: cfg.redisAddr, ContextTimeoutEnabled: true})
+	defer ledgerClient.Close()
+	ledger := &ledger{client: ledgerClient, prefix: cfg.prefix + "ledger:"}
+	payments := &fakePayments{}
+	chargeOrder := func(msg *message.Message) error {
+		var order order
+		if err := json.Unmarshal(msg.Payload, &order); err != nil {
+			return err
+		}
+		lease, ok := idempotency.LeaseFromContext(msg.Context())
+		if !ok {
+			return errors.New("no lease: the idempotency middleware does not run before this handler")
+		}
+		logger.Info("charging", "order", order.ID, "amount_cents", order.AmountCents, "fencing_token", lease.Token)
+		if err := payments.charge(msg.Context(), order); err != nil {
+			return err
+		}
+		return ledger.record(msg.Context(), order, lease.Token)
+	}
+
+	sub, err := wsqs.NewSubscriber(wsqs.SubscriberConfig{
+		AWSConfig:                   awsCfg,
+		OptFns:                      endpoint,
+		DoNotCreateQueueIfNotExists: true,
+		ConsumeWorkers:              2,                    // messages handled at once
+		Unmarshaler:                 awssqs.Unmarshaler{}, // keeps the receipt handle for Defer
+		GenerateReceiveMessageInput: func(ctx context.Context, url wsqs.QueueURL) (*sqs.ReceiveMessageInput, error) {
+			in, err := wsqs.GenerateReceiveMessageInputDefault(ctx, url)
+			if err == nil {
+				in.WaitTimeSeconds = 1 // short long polls: a graceful shutdown waits for them
+			}
+			return in, err
+		},
+	}, wmLogger)
+	if err != nil {
+		return err
+	}
+	router.AddConsumerHandler("charge-order", queue, sub, chargeOrder)
+
+	// The demo (demo.go) produces its messages once the router runs, and
+	// ends runCtx once they are settled, as SIGTERM would.
+	runCtx := ctx
+	var d *demo
+	if withDemo {
+		if d, runCtx, err = startDemo(ctx, cfg, awsCfg, endpoint, router.Running(), metricsURL, logger); err != nil {
+			return err
+		}
+	}
+	go func() {
+		select {
+		case <-router.Running():
+			logger.Info("consuming", "queue", queue, "leases", cfg.store)
+		case <-runCtx.Done():
+		}
+	}()
+	if err := router.Run(runCtx); err != nil {
+		return err
+	}
+	logger.Info("shut down: no handler running")
+	if d != nil {
+		return d.verdict(ctx)
 	}
 	return nil
 }
 
-func openStore(ctx context.Context, cfg Config) (backends.Store, func(), error) {
-	switch cfg.Store {
-	case "redis":
-		client := redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, ContextTimeoutEnabled: true})
-		if err := client.Ping(ctx).Err(); err != nil {
-			client.Close()
-			return nil, nil, fmt.Errorf("redis at %s: %w", cfg.RedisAddr, err)
+// createQueues creates the queue, with the visibility timeout the lease
+// TTL is set for, and the poison queue, unless they exist.
+func createQueues(ctx context.Context, client *sqs.Client, queue, poisonQueue string) error {
+	for name, attrs := range map[string]map[string]string{
+		queue:       {"VisibilityTimeout": strconv.Itoa(int(visibilityTimeout.Seconds()))},
+		poisonQueue: nil,
+	} {
+		if _, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs}); err != nil {
+			return fmt.Errorf("creating queue %s: %w", name, err)
 		}
-		store, err := redisstore.New(client, redisstore.Options{Prefix: cfg.Prefix + ":idem:"})
+	}
+	return nil
+}
+
+// openStore opens the lease store cfg names, creating its table or
+// schema if it does not exist.
+func openStore(ctx context.Context, cfg config) (backends.Store, func(), error) {
+	switch cfg.store {
+	case "redis":
+		client := redis.NewClient(&redis.Options{Addr: cfg.redisAddr, ContextTimeoutEnabled: true})
+		store, err := redisstore.New(client, redisstore.Options{Prefix: cfg.prefix + "idem:"})
+		if err == nil {
+			err = client.Ping(ctx).Err()
+		}
 		if err != nil {
 			client.Close()
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("redis at %s: %w", cfg.redisAddr, err)
 		}
 		return store, func() { store.Close(); client.Close() }, nil
 	case "postgres":
-		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+		pool, err := pgxpool.New(ctx, cfg.databaseURL)
 		if err != nil {
 			return nil, nil, err
 		}
-		schema := strings.ReplaceAll(cfg.Prefix, "-", "_")
-		store, err := pgstore.New(pool, pgstore.Options{Schema: schema})
+		store, err := pgstore.New(pool, pgstore.Options{Schema: postgresSchema(cfg.prefix)})
 		if err == nil {
 			err = store.Migrate(ctx)
 		}
 		if err != nil {
 			pool.Close()
-			return nil, nil, fmt.Errorf("postgres at %s: %w", cfg.DatabaseURL, err)
+			return nil, nil, fmt.Errorf("postgres: %w", err)
 		}
-		return store, func() {
-			pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck
-			pool.Close()
-		}, nil
+		return store, func() { store.Close(); pool.Close() }, nil
 	case "dynamodb":
-		return openDynamo(ctx, cfg)
+		client := dynamodb.New(dynamodb.Options{
+			Region:       cfg.region,
+			BaseEndpoint: aws.String(cfg.dynamoEndpoint),
+			Credentials:  credentials.NewStaticCredentialsProvider("example", "example", ""),
+		})
+		store, err := dynamostore.New(client, dynamostore.Options{Table: cfg.prefix + "idem"})
+		if err == nil {
+			err = store.CreateTable(ctx, dynamostore.TableOptions{NoTTL: cfg.dynamoNoTTL})
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("dynamodb at %s: %w", cfg.dynamoEndpoint, err)
+		}
+		return store, func() {}, nil
 	}
-	return nil, nil, fmt.Errorf("STORE must be redis, postgres or dynamodb, got %q", cfg.Store)
+	return nil, nil, fmt.Errorf("STORE must be redis, postgres or dynamodb, not %q", cfg.store)
 }
 
-// openDynamo opens the dynamodb store on a table of the run's own, created
-// by the store's helper and deleted at the end.
-func openDynamo(ctx context.Context, cfg Config) (backends.Store, func(), error) {
-	endpoint := cfg.DynamoEndpoint
-	if endpoint == "" {
-		endpoint = cfg.Endpoint
-	}
-	client := dynamodb.New(dynamodb.Options{
-		Region:       cfg.Region,
-		BaseEndpoint: aws.String(endpoint),
-		Credentials:  credentials.NewStaticCredentialsProvider("example", "example", ""),
+// postgresSchema is the Postgres store's schema: the prefix as an
+// identifier.
+func postgresSchema(prefix string) string {
+	return strings.ToLower(strings.NewReplacer("-", "_", ":", "_", ".", "_").Replace(prefix)) + "idem"
+}
+
+// order is what the orders queue carries.
+type order struct {
+	ID          string `json:"order_id"`
+	AmountCents int64  `json:"amount_cents"`
+	// Simulate asks the stand-in payment provider to misbehave: "slow" or
+	// "flaky" (payments.go). The demo sets it.
+	Simulate string `json:"simulate,omitempty"`
+}
+
+// logDeliveries logs every delivery the middleware did not settle as a
+// matter of course: a plain charge or duplicate is counted on /metrics,
+// not logged.
+func logDeliveries(logger *slog.Logger) idempotency.Observer {
+	return idempotency.ObserverFunc(func(_ context.Context, ev idempotency.Event) {
+		if (ev.Outcome == idempotency.OutcomeProcessed && !ev.Lease.Takeover) ||
+			(ev.Outcome == idempotency.OutcomeDuplicate && ev.Waited == 0) {
+			return
+		}
+		attrs := []any{"outcome", ev.Outcome.String(), "key", ev.Key, "message_uuid", ev.MessageUUID}
+		if ev.Lease.Token != 0 {
+			attrs = append(attrs, "fencing_token", ev.Lease.Token, "takeover", ev.Lease.Takeover)
+		}
+		if ev.Waited > 0 {
+			attrs = append(attrs, "waited", ev.Waited.Round(time.Millisecond))
+		}
+		if ev.Err != nil {
+			attrs = append(attrs, "err", ev.Err)
+		}
+		logger.Info("delivery", attrs...)
 	})
-	table := strings.ReplaceAll(cfg.Prefix, ":", "_") + "-idem"
-	store, err := dynamostore.New(client, dynamostore.Options{Table: table})
-	if err == nil {
-		err = store.CreateTable(ctx, dynamostore.TableOptions{NoTTL: cfg.DynamoNoTTL})
-	}
+}
+
+// serveMetrics serves registry at /metrics on addr until stopped, and
+// returns its URL.
+func serveMetrics(addr string, registry *prometheus.Registry) (string, func(), error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("dynamodb at %s: %w", endpoint, err)
+		return "", nil, fmt.Errorf("metrics at %s: %w", addr, err)
 	}
-	return store, func() {
-		client.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)}) //nolint:errcheck
-	}, nil
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	stop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}
+	return "http://" + ln.Addr().String() + "/metrics", stop, nil
+}
+
+// withoutTime drops the time from log lines: they are read in order.
+func withoutTime(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) == 0 && a.Key == slog.TimeKey {
+		return slog.Attr{}
+	}
+	return a
 }

@@ -1,92 +1,247 @@
 package main
 
 import (
-	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
 	"strings"
-	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
-	examplemetrics "github.com/watermill-idempotency/idempotency/examples/internal/metrics"
-	"github.com/watermill-idempotency/idempotency/examples/internal/output"
-	"github.com/watermill-idempotency/idempotency/examples/internal/story"
+	"github.com/ThreeDotsLabs/watermill"
+	wsqs "github.com/ThreeDotsLabs/watermill-aws/sqs"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/dynamostore"
+	"github.com/watermill-idempotency/idempotency/backends/pgstore"
+	"github.com/watermill-idempotency/idempotency/backends/redisstore"
+	"github.com/watermill-idempotency/idempotency/examples/internal/exampletest"
 	"github.com/watermill-idempotency/idempotency/examples/internal/testenv"
 )
 
-func config(t *testing.T, store string) Config {
-	return Config{
-		Endpoint:    testenv.Service(t, "SQS_ENDPOINT"),
-		Region:      "us-east-1",
-		Store:       store,
-		RedisAddr:   testenv.Service(t, "REDIS_ADDR"),
-		DatabaseURL: testenv.Service(t, "TEST_DATABASE_URL"),
-		Orders:      20,
-		Prefix:      strings.TrimSuffix(testenv.Unique("example-sqs-"), ":"),
+func TestMain(m *testing.M) { os.Exit(exampletest.Main(m)) }
+
+// exampleEnv is the example's configuration for a test: the test's
+// servers, a free port for /metrics, and names that hold the run's id.
+func exampleEnv(t *testing.T, store, prefix string) []string {
+	return []string{
+		"SQS_ENDPOINT=" + testenv.Service(t, "SQS_ENDPOINT"),
+		"AWS_REGION=us-east-1",
+		"STORE=" + store,
+		"REDIS_ADDR=" + testenv.Service(t, "REDIS_ADDR"),
+		"DATABASE_URL=" + testenv.Service(t, "TEST_DATABASE_URL"),
+		"DYNAMODB_ENDPOINT=" + testenv.Service(t, "DYNAMODB_ENDPOINT"),
+		"DYNAMODB_NO_TTL=1", // dynalite has no TTL
+		"METRICS_ADDR=127.0.0.1:0",
+		"PREFIX=" + prefix,
 	}
 }
 
-// The example end to end on SQS ($SQS_ENDPOINT: goaws under `make test`),
-// with the leases in the real Redis, then in the real Postgres, then in
-// DynamoDB ($DYNAMODB_ENDPOINT: dynalite).
+// uniquePrefix is a PREFIX holding the run's id that names queues, tables,
+// schemas and keys alike.
+func uniquePrefix(name string) string {
+	return strings.ReplaceAll(testenv.Unique(name), ":", "-")
+}
+
+// leaseStore opens the example's lease store as the test sees it, and
+// removes, when the test ends, everything the example made: its queues,
+// its Redis keys, and its schema or table.
+func leaseStore(t *testing.T, store, prefix string) backends.Store {
+	client := testenv.RedisClient(t)
+	_, _, sqs := sqsClient(t)
+	deleteQueues(t, sqs, prefix+"orders", prefix+"orders-poison")
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			client.Del(ctx, iter.Val())
+		}
+	})
+	switch store {
+	case "redis":
+		s, err := redisstore.New(client, redisstore.Options{Prefix: prefix + "idem:"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	case "postgres":
+		pool := testenv.PostgresPool(t)
+		schema := postgresSchema(prefix)
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
+		s, err := pgstore.New(pool, pgstore.Options{Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	case "dynamodb":
+		client := dynamodb.New(dynamodb.Options{
+			Region:       "us-east-1",
+			BaseEndpoint: aws.String(testenv.Service(t, "DYNAMODB_ENDPOINT")),
+			Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
+		})
+		table := prefix + "idem"
+		t.Cleanup(func() {
+			_, _ = client.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
+		})
+		s, err := dynamostore.New(client, dynamostore.Options{Table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	t.Fatalf("no store %s", store)
+	return nil
+}
+
+// ledgerEntries reads the ledger as Redis has it.
+func ledgerEntries(t *testing.T, prefix string) map[string]entry {
+	t.Helper()
+	l := &ledger{client: testenv.RedisClient(t), prefix: prefix + "ledger:"}
+	entries, err := l.entries(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return entries
+}
+
+// deferred matches the line Defer logs for each in-flight copy it defers.
+var deferred = regexp.MustCompile(`msg="awssqs: in-progress message delayed until the holder's lease runs out"`)
+
+// The demo as a user runs it (`make example-sqs`, `-store postgres`,
+// `-store dynamodb`) on SQS ($SQS_ENDPOINT: goaws under `make test`): the
+// program exits 0 with its verdict last, Defer logs the copies it
+// deferred, and the stores hold what it claims: every order charged once,
+// its lease completed under the token the ledger kept.
 func TestSQSExample(t *testing.T) {
+	bin := exampletest.Build(t, ".")
 	for _, store := range []string{"redis", "postgres", "dynamodb"} {
 		t.Run(store, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			var out bytes.Buffer
-			cfg := config(t, store)
-			cfg.DynamoEndpoint, cfg.DynamoNoTTL = testenv.Service(t, "DYNAMODB_ENDPOINT"), true
-			rep, err := Run(ctx, cfg, &out)
-			t.Log("\n" + out.String())
-			if err != nil {
+			prefix := uniquePrefix("example-sqs-")
+			leases := leaseStore(t, store, prefix)
+			p := exampletest.Start(t, "the sqs example", bin, nil, exampleEnv(t, store, prefix)...)
+			if code := p.Wait(3 * time.Minute); code != 0 {
+				t.Fatalf("exit status %d", code)
+			}
+			if err := exampletest.EndsWithVerdict(p.Output(), "Check: 22 orders charged exactly once each"); err != nil {
 				t.Fatal(err)
 			}
-			if err := output.EndsWithVerdict(out.String(), "Check: 24 orders charged once each"); err != nil {
-				t.Fatal(err)
+			if len(p.Lines(deferred)) < 1 {
+				t.Error("Defer deferred no in-flight copy")
 			}
-			for order, n := range rep.Applied {
-				if n != 1 {
-					t.Errorf("order %s charged %d times", order, n)
+			want := []string{slowOrder, flakyOrder}
+			for i := range demoOrders {
+				want = append(want, fmt.Sprintf("order-%03d", i+1))
+			}
+			ledger := ledgerEntries(t, prefix)
+			if len(ledger) != len(want) {
+				t.Errorf("the ledger holds %d orders, want %d: %v", len(ledger), len(want), ledger)
+			}
+			for _, id := range want {
+				e := ledger[id]
+				if e.Charges != 1 {
+					t.Errorf("order %s charged %d times", id, e.Charges)
 				}
-			}
-			if rep.SlowInFlight < 1 || rep.Deferred < 1 {
-				t.Errorf("the slow order's in-flight copies were not deferred and caught: %+v", rep)
-			}
-			// The /metrics scrape: the middleware's metric by outcome.
-			got := rep.Scraped.Deliveries
-			if got["processed"] != 24 || got["handler_failed"] < 1 || got["in_progress"] < 1 {
-				t.Errorf("scraped watermill_idempotency_deliveries_total %v: want 24 processed, 1 or more handler_failed, some in_progress", got)
+				rec, err := leases.Inspect(context.Background(), "charge-order:"+id)
+				if err != nil {
+					t.Errorf("order %s's lease: %v", id, err)
+					continue
+				}
+				if rec.State != backends.StateCompleted || rec.Token != e.Token {
+					t.Errorf("order %s's lease is %s under token %d; the ledger's charge has token %d", id, rec.State, rec.Token, e.Token)
+				}
 			}
 		})
 	}
 }
 
-// The story on SQS with the leases in Redis and in Postgres (the store
-// Tell gives, over the example's broker).
-func TestSQS(t *testing.T) {
-	story.Tell(t, func(t *testing.T) story.Broker {
-		cfg := config(t, "redis")
-		cfg.Prefix = strings.TrimSuffix(testenv.Unique("story-sqs-"), ":")
-		var deferred atomic.Int64
-		b, err := newBroker(context.Background(), cfg, &deferred)
-		if err != nil {
+// Two copies of the service share the queue and the leases, as two
+// instances of a deployment would. The copy charging a slow order is
+// killed (SIGKILL): SQS shows the message again after the visibility
+// timeout, the survivor's copy is deferred until the dead copy's lease has
+// run out, then takes it over and charges the order under a newer fencing
+// token. Every order is charged once, and the survivor shuts down
+// gracefully on SIGTERM.
+func TestSQSExampleCopies(t *testing.T) {
+	bin := exampletest.Build(t, ".")
+	prefix := uniquePrefix("example-sqs-copies-")
+	leaseStore(t, "redis", prefix)
+	copies := []*exampletest.Process{
+		exampletest.Start(t, "copy a", bin, []string{"-serve"}, exampleEnv(t, "redis", prefix)...),
+		exampletest.Start(t, "copy b", bin, []string{"-serve"}, exampleEnv(t, "redis", prefix)...),
+	}
+	for _, p := range copies {
+		p.WaitFor(regexp.MustCompile(`msg=consuming `), time.Minute)
+	}
+	awsCfg, endpoint, _ := sqsClient(t)
+	pub, err := wsqs.NewPublisher(wsqs.PublisherConfig{AWSConfig: awsCfg, OptFns: endpoint, DoNotCreateQueueIfNotExists: true}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(o order) {
+		t.Helper()
+		payload, _ := json.Marshal(o)
+		if err := pub.Publish(prefix+"orders", message.NewMessage(watermill.NewUUID(), payload)); err != nil {
 			t.Fatal(err)
 		}
-		return b
-	})
-}
+	}
 
-// The check behind the printed verdict also fails without a deferred copy
-// or when /metrics disagrees.
-func TestReportCheckCatchesFailures(t *testing.T) {
-	good := Report{Report: story.Report{}, Deferred: 1, Scraped: examplemetrics.Scraped{Deliveries: map[string]float64{}}}
-	noDefer, disagree := good, good
-	noDefer.Deferred = 0
-	disagree.Published = 1 // and no handler executions scraped
-	for name, r := range map[string]Report{"nothing deferred": noDefer, "/metrics disagrees": disagree} {
-		if r.Check() == nil {
-			t.Errorf("%s: the check passed", name)
+	const crashOrder = "order-crash"
+	send(order{ID: crashOrder, AmountCents: 6000, Simulate: "slow"})
+	holder, m := exampletest.WaitForAny(t, copies, regexp.MustCompile(`msg=charging order=`+crashOrder+` .*fencing_token=(\d+)`), time.Minute)
+	deadToken, _ := strconv.ParseInt(m[1], 10, 64)
+	holder.Kill()
+	survivor := copies[0]
+	if survivor == holder {
+		survivor = copies[1]
+	}
+	m = survivor.WaitFor(regexp.MustCompile(`msg=delivery outcome=processed key=charge-order:`+crashOrder+` .*fencing_token=(\d+) takeover=true`), time.Minute)
+	takeoverToken, _ := strconv.ParseInt(m[1], 10, 64)
+	if takeoverToken <= deadToken {
+		t.Errorf("the survivor charged the crash order under token %d, the dead copy held %d", takeoverToken, deadToken)
+	}
+	if len(survivor.Lines(deferred)) < 1 {
+		t.Error("the survivor deferred no copy of the crash order while the dead copy's lease ran out, or while it charged it")
+	}
+
+	want := []string{crashOrder}
+	for i := range 10 {
+		o := order{ID: fmt.Sprintf("order-%03d", i+1), AmountCents: 100}
+		send(o)
+		send(o)
+		want = append(want, o.ID)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for len(ledgerEntries(t, prefix)) < len(want) && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	ledger := ledgerEntries(t, prefix)
+	for _, id := range want {
+		if ledger[id].Charges != 1 {
+			t.Errorf("order %s charged %d times", id, ledger[id].Charges)
 		}
+	}
+	if ledger[crashOrder].Token != takeoverToken {
+		t.Errorf("the ledger kept token %d for the crash order, the takeover's was %d", ledger[crashOrder].Token, takeoverToken)
+	}
+
+	families := exampletest.Scrape(t, survivor.WaitFor(exampletest.MetricsURL, time.Second)[1])
+	if n := exampletest.Sum(families, "watermill_idempotency_takeovers_total", "")[""]; n < 1 {
+		t.Errorf("the survivor's /metrics counts %v takeovers", n)
+	}
+	survivor.Signal(syscall.SIGTERM)
+	if code := survivor.Wait(time.Minute); code != 0 {
+		t.Errorf("the survivor exited with status %d after SIGTERM", code)
+	}
+	if survivor.Find(regexp.MustCompile(`msg="shut down: no handler running"`)) == nil {
+		t.Error("the survivor did not report its graceful shutdown")
 	}
 }

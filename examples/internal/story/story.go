@@ -439,7 +439,11 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 		}
 		return nil
 	}
-	fmt.Fprintf(w, "%s: the slow order (%d copies at once), the flaky order, the outage order, then %d orders twice each\n", b.Name, b.SlowCopies, orders)
+	copies := "1 copy"
+	if b.SlowCopies > 1 {
+		copies = fmt.Sprintf("%d copies at once", b.SlowCopies)
+	}
+	fmt.Fprintf(w, "%s: the slow order (%s), the flaky order, the outage order, then %d orders twice each\n", b.Name, copies, orders)
 	if err := publish(SlowOrder, b.SlowCopies); err != nil {
 		return snapshot(), err
 	}
