@@ -28,6 +28,10 @@ TESTENV := bin/testenv
 bin/testenv: tools/go.mod tools/go.sum $(wildcard tools/testenv/*.go)
 	cd tools && GOWORK=off $(GO) build -o ../bin/testenv ./testenv
 
+# staticcheck at the version tools/go.mod pins; staticcheck.conf chooses the checks.
+bin/staticcheck: tools/go.mod tools/go.sum
+	cd tools && GOWORK=off $(GO) build -o ../bin/staticcheck honnef.co/go/tools/cmd/staticcheck
+
 EXAMPLE ?= redis
 
 .PHONY: example-redis
@@ -144,9 +148,10 @@ release-check: ## Check HEAD as the next release: tidy, vet and test builds with
 	GO=$(GO) bin/release -check $(if $(VERSION),-version $(VERSION))
 
 .PHONY: lint
-lint: ## Check formatting and go vet in every module (tidiness without the workspace: make release-check)
+lint: bin/staticcheck ## Check formatting, go vet and staticcheck in every module (tidiness without the workspace: make release-check)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
+	@for m in $(MODULES); do (cd $$m && $(CURDIR)/bin/staticcheck ./...) || { echo "staticcheck: findings in module $$m"; exit 1; }; done
 	@# No module imports another module's internal packages: a published
 	@# module must not break when a sibling's internals change.
 	@for m in $(MODULES); do \
@@ -154,5 +159,5 @@ lint: ## Check formatting and go vet in every module (tidiness without the works
 	    awk -v mod="$$mod" '$$1 ~ /\/internal(\/|$$)/ && $$2 ~ /^github.com\/watermill-idempotency\// && $$2 != mod { print; bad = 1 } \
 	      END { if (bad) { print "module " mod " imports the internal packages above, of another module"; exit 1 } }') || exit 1; \
 	done
-	@for m in $(TOOL_MODS); do (cd $$m && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) mod tidy -diff) || exit 1; done
+	@for m in $(TOOL_MODS); do (cd $$m && GOWORK=off $(GO) vet ./... && GOWORK=off $(CURDIR)/bin/staticcheck ./... && GOWORK=off $(GO) mod tidy -diff) || exit 1; done
 	@echo "lint ok"

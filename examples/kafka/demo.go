@@ -1,10 +1,13 @@
 package main
 
 // The demonstration, apart from the service: a producer that sends what
-// producers really send, and a check of what happened. The check reads
-// only what an operator can see: the ledger, Kafka (the poison topic, the
-// consumer group's committed offsets) and /metrics. Every claim it prints
-// is computed from them; the program exits non-zero if one is false.
+// producers really send, a second copy of the service that joins the
+// consumer group while an order is being charged, as a deploy or a
+// scale-out does, and a check of what happened. The check reads only what
+// an operator can see: the ledger, the lease store, Kafka (the poison
+// topic, the consumer group's members and committed offsets) and the two
+// copies' /metrics. Every claim it prints is computed from them; the
+// program exits non-zero if one is false.
 
 import (
 	"context"
@@ -13,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -27,6 +31,9 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/redisstore"
 )
 
 // demoOrders is how many ordinary orders the demo sends, each twice.
@@ -34,7 +41,7 @@ const demoOrders = 20
 
 // The orders with a story.
 const (
-	slowOrder  = "order-slow"  // its payment takes slowCharge
+	slowOrder  = "order-slow"  // its payment takes slowCharge; a second copy of the service joins meanwhile
 	flakyOrder = "order-flaky" // its payment fails three times
 )
 
@@ -46,7 +53,10 @@ const partitionMetadata = "demo_partition"
 
 type demo struct {
 	logger     *slog.Logger
+	cfg        config // the service's, for its second copy
+	brokers    []string
 	redis      *redis.Client
+	leases     *redisstore.Store // read only: is the slow order being charged?
 	kafka      sarama.Client
 	admin      sarama.ClusterAdmin
 	pub        message.Publisher
@@ -63,6 +73,27 @@ type demo struct {
 	published int      // messages sent
 	twice     int      // orders sent twice, each copy on its own partition
 	malformed string   // the UUID of the message without an order id
+	scaleOut  scaleOut
+	second    scraped // the second copy's /metrics, once every message was settled
+}
+
+// scaleOut is what the demo saw of the second copy joining the group while
+// the slow order ran.
+type scaleOut struct {
+	// first is the group's members when the slow order's charge began:
+	// the first copy's.
+	first []string
+	// evicted is set if the group, looked at while the slow order was not
+	// yet charged, had members and none of first: the first copy, busy in
+	// its handler, missed the rebalance the second copy's joining started.
+	evicted bool
+	// readAgain counts the deliveries on the second copy's /metrics, once
+	// the slow order was settled, that found the order held and waited;
+	// nacked, those of them nacked in progress. Only the slow order's two
+	// messages were on the topic, both delivered to the first copy
+	// already: the second copy read them again, from the last committed
+	// offsets.
+	readAgain, nacked int
 }
 
 // startDemo starts producing once running is closed. The context it
@@ -87,9 +118,19 @@ func startDemo(ctx context.Context, cfg config, brokers []string, running <-chan
 		return nil, nil, err
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.redisAddr, ContextTimeoutEnabled: true})
+	leases, err := redisstore.New(rdb, redisstore.Options{Prefix: cfg.prefix + "idem:"})
+	if err != nil {
+		_ = pub.Close()
+		_ = client.Close()
+		_ = rdb.Close()
+		return nil, nil, err
+	}
 	d := &demo{
 		logger:     logger,
+		cfg:        cfg,
+		brokers:    brokers,
 		redis:      rdb,
+		leases:     leases,
 		kafka:      client,
 		admin:      admin,
 		pub:        pub,
@@ -128,7 +169,7 @@ func (m partitionMarshaler) Marshal(topic string, msg *message.Message) (*sarama
 }
 
 // produce sends the demo's messages and returns once they are settled.
-func (d *demo) produce(ctx context.Context) error {
+func (d *demo) produce(ctx context.Context) (err error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	publish := func(payload []byte, partition int) (string, error) {
@@ -166,20 +207,24 @@ func (d *demo) produce(ctx context.Context) error {
 	if err := send(order{ID: slowOrder, AmountCents: 5000, Simulate: "slow"}, 2); err != nil {
 		return err
 	}
-	for {
-		if e, err := d.ledger.entries(ctx); err == nil && e[slowOrder].Charges > 0 {
-			break
-		}
-		if err := pause(ctx, 50*time.Millisecond); err != nil {
-			return fmt.Errorf("the slow order was not charged: %w", err)
-		}
+	second, err := d.scaleOutWhileSlow(ctx)
+	if second != nil {
+		// The second copy shuts down gracefully before the first, as
+		// SIGTERM would shut it down.
+		defer func() {
+			if stopErr := second.stop(); stopErr != nil && err == nil {
+				err = fmt.Errorf("the second copy of the service: %w", stopErr)
+			}
+		}()
+	}
+	if err != nil {
+		return err
 	}
 
 	d.logger.Info("demo: sending the flaky order, a message without an order id, and every other order twice")
 	if err := send(order{ID: flakyOrder, AmountCents: 700, Simulate: "flaky"}, 1); err != nil {
 		return err
 	}
-	var err error
 	if d.malformed, err = publish([]byte(`{"amount_cents":100}`), 0); err != nil {
 		return err
 	}
@@ -188,14 +233,110 @@ func (d *demo) produce(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := d.waitSettled(ctx, second); err != nil {
+		return err
+	}
+	// The second copy's /metrics goes with it: read it now.
+	if d.second, err = scrape(ctx, second.metricsURL); err != nil {
+		return fmt.Errorf("the second copy of the service: %w", err)
+	}
+	d.logger.Info("demo: every message settled; stopping the second copy")
+	return nil
+}
 
-	// Settled: every order charged, and the consumer group's offsets
-	// committed up to the end of every partition.
+// scaleOutWhileSlow starts a second copy of the service once the slow
+// order is being charged, as a deploy or a scale-out would start one, and
+// returns it once the slow order is settled.
+//
+// The second copy joins the consumer group, and the group rebalances.
+// Sarama rejoins only once every running handler has returned, so the
+// first copy, busy charging the slow order (and its copy busy waiting for
+// it), misses the rebalance and is evicted after rebalanceTimeout. Its
+// partitions go to the second copy, which reads them again from the last
+// committed offsets: the slow order's messages, while the first copy still
+// charges it. The middleware makes those deliveries wait for the holder
+// and nacks them while the order is in progress; once it is charged, they
+// are acked as duplicates, and their acks commit the offsets that the
+// first copy's, from a member no longer in the group, could not.
+func (d *demo) scaleOutWhileSlow(ctx context.Context) (*instance, error) {
+	// Being charged: its lease is held, as `idem inspect` shows it.
+	for {
+		rec, err := d.leases.Inspect(ctx, "charge-order:"+slowOrder)
+		if err == nil && rec.State == backends.StateInProgress {
+			break
+		}
+		if err := pause(ctx, 20*time.Millisecond); err != nil {
+			return nil, fmt.Errorf("the slow order was not being charged: %w", err)
+		}
+	}
+	for len(d.scaleOut.first) == 0 {
+		d.scaleOut.first, _ = d.members()
+		if len(d.scaleOut.first) == 0 {
+			if err := pause(ctx, 20*time.Millisecond); err != nil {
+				return nil, fmt.Errorf("the consumer group has no member while the slow order is charged: %w", err)
+			}
+		}
+	}
+	d.logger.Info("demo: the slow order is being charged; a second copy of the service joins the consumer group",
+		"members", len(d.scaleOut.first))
+	second, err := startCopy(ctx, d.cfg, d.brokers)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		if e, err := d.ledger.entries(ctx); err == nil && e[slowOrder].Charges > 0 {
+			break
+		}
+		if m, err := d.members(); err == nil && len(m) > 0 && !slices.ContainsFunc(m, func(id string) bool { return slices.Contains(d.scaleOut.first, id) }) {
+			d.scaleOut.evicted = true
+		}
+		if err := second.exited(); err != nil {
+			return second, err
+		}
+		if err := pause(ctx, 50*time.Millisecond); err != nil {
+			return second, fmt.Errorf("the slow order was not charged: %w", err)
+		}
+	}
+	if err := d.waitSettled(ctx, second); err != nil {
+		return second, err
+	}
+	m, err := scrape(ctx, second.metricsURL)
+	if err != nil {
+		return second, fmt.Errorf("the second copy of the service: %w", err)
+	}
+	// Every delivery that found the order held waited for the holder (the
+	// wait histogram counts it), then saw it charged or gave up and was
+	// nacked in progress.
+	d.scaleOut.readAgain = max(int(m.waited), int(m.deliveries["in_progress"]))
+	d.scaleOut.nacked = int(m.deliveries["in_progress"])
+	return second, nil
+}
+
+// members returns the ids of the consumer group's members.
+func (d *demo) members() ([]string, error) {
+	groups, err := d.admin.DescribeConsumerGroups([]string{d.group})
+	if err != nil {
+		return nil, err
+	}
+	if len(groups) != 1 {
+		return nil, fmt.Errorf("describing group %s: %d groups", d.group, len(groups))
+	}
+	if groups[0].Err != sarama.ErrNoError {
+		return nil, groups[0].Err
+	}
+	return slices.Sorted(maps.Keys(groups[0].Members)), nil
+}
+
+// waitSettled returns once every order sent is charged, and the consumer
+// group's offsets are committed up to the end of every partition.
+func (d *demo) waitSettled(ctx context.Context, second *instance) error {
 	for {
 		charged, drained, err := d.settled(ctx)
 		if err == nil && charged == len(d.orders) && drained {
-			d.logger.Info("demo: every message settled")
 			return nil
+		}
+		if err := second.exited(); err != nil {
+			return err
 		}
 		if err := pause(ctx, 100*time.Millisecond); err != nil {
 			return fmt.Errorf("not settled: %d of %d orders charged, offsets committed to the end: %v: %w", charged, len(d.orders), drained, err)
@@ -284,6 +425,69 @@ func (d *demo) poisoned() ([]string, error) {
 	return uuids, nil
 }
 
+// instance is a second copy of the service, in this process: run, the
+// service's own entry point, as -serve runs it, on the same Kafka, Redis
+// and PREFIX as the first, with /metrics on a port of its own. Its log
+// lines are among the first copy's.
+type instance struct {
+	metricsURL string
+	cancel     context.CancelFunc
+	done       chan error
+	stopped    bool
+	err        error
+}
+
+func startCopy(ctx context.Context, cfg config, brokers []string) (*instance, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	cfg.brokers = strings.Join(brokers, ",") // the Kafka in process too, if it is that
+	cfg.metricsAddr = addr
+	ctx, cancel := context.WithCancel(ctx)
+	c := &instance{metricsURL: "http://" + addr + "/metrics", cancel: cancel, done: make(chan error, 1)}
+	go func() { c.done <- run(ctx, cfg, false) }()
+	return c, nil
+}
+
+// freeAddr returns a local address that nothing listens on: the second
+// copy's /metrics.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// exited returns an error if the copy has stopped on its own.
+func (c *instance) exited() error {
+	if c == nil || c.stopped {
+		return nil
+	}
+	select {
+	case err := <-c.done:
+		c.stopped, c.err = true, err
+		if err == nil {
+			err = errors.New("stopped")
+		}
+		return fmt.Errorf("the second copy of the service: %w", err)
+	default:
+		return nil
+	}
+}
+
+// stop shuts the copy down gracefully, as SIGTERM would, and returns the
+// error it stopped with.
+func (c *instance) stop() error {
+	if !c.stopped {
+		c.cancel()
+		c.stopped, c.err = true, <-c.done
+	}
+	return c.err
+}
+
 func pause(ctx context.Context, d time.Duration) error {
 	select {
 	case <-ctx.Done():
@@ -298,6 +502,7 @@ func pause(ctx context.Context, d time.Duration) error {
 func (d *demo) verdict(ctx context.Context) error {
 	<-d.done
 	defer d.redis.Close()
+	defer d.leases.Close()
 	defer d.kafka.Close()
 	defer d.pub.Close()
 	if d.err != nil {
@@ -314,10 +519,13 @@ func (d *demo) verdict(ctx context.Context) error {
 	if obs.poisoned, err = d.poisoned(); err != nil {
 		return err
 	}
-	if obs.metrics, err = scrape(ctx, d.metricsURL); err != nil {
+	first, err := scrape(ctx, d.metricsURL)
+	if err != nil {
 		return err
 	}
+	obs.metrics = first.plus(d.second)
 	obs.sent = sent{orders: d.orders, twice: d.twice, published: d.published, malformed: d.malformed}
+	obs.scaleOut = d.scaleOut
 
 	fmt.Println("Summary: " + obs.summary())
 	if err := obs.check(); err != nil {
@@ -341,7 +549,8 @@ type observations struct {
 	sent     sent
 	ledger   map[string]entry
 	poisoned []string // the poison topic's message UUIDs
-	metrics  scraped
+	metrics  scraped  // both copies' /metrics, added up
+	scaleOut scaleOut
 }
 
 // scraped is what /metrics said.
@@ -351,14 +560,28 @@ type scraped struct {
 	executions float64            // Watermill's count of handler runs
 }
 
+// plus adds up two copies' /metrics.
+func (s scraped) plus(o scraped) scraped {
+	out := scraped{deliveries: maps.Clone(s.deliveries), waited: s.waited + o.waited, executions: s.executions + o.executions}
+	if out.deliveries == nil {
+		out.deliveries = map[string]float64{}
+	}
+	for k, v := range o.deliveries {
+		out.deliveries[k] += v
+	}
+	return out
+}
+
 func (o observations) summary() string {
 	outcomes := make([]string, 0, len(o.metrics.deliveries))
 	for _, k := range slices.Sorted(maps.Keys(o.metrics.deliveries)) {
 		outcomes = append(outcomes, fmt.Sprintf("%s=%v", k, o.metrics.deliveries[k]))
 	}
-	return fmt.Sprintf("%d messages: %d orders (%d of them sent twice, a copy on each partition), 1 without an order id; /metrics: deliveries %s, %v waited for a holder, %v handler runs; ledger: %s; poison topic: %s",
+	return fmt.Sprintf("%d messages: %d orders (%d of them sent twice, a copy on each partition), 1 without an order id; "+
+		"/metrics of both copies: deliveries %s, %v waited for a holder, %v handler runs; ledger: %s; poison topic: %s; "+
+		"while the slow order ran: the first copy's group member evicted: %v, the second copy's deliveries that found it held: %d (%d nacked in progress)",
 		o.sent.published, len(o.sent.orders), o.sent.twice, strings.Join(outcomes, " "), o.metrics.waited, o.metrics.executions,
-		count(len(o.ledger), "order"), count(len(o.poisoned), "message"))
+		count(len(o.ledger), "order"), count(len(o.poisoned), "message"), o.scaleOut.evicted, o.scaleOut.readAgain, o.scaleOut.nacked)
 }
 
 // check returns every claim that is false.
@@ -385,7 +608,13 @@ func (o observations) check() error {
 		errs = append(errs, errors.New("the flaky order's payment never failed a delivery"))
 	}
 	if m["in_progress"] < 1 {
-		errs = append(errs, errors.New("the slow order's copy never gave up waiting while the order ran"))
+		errs = append(errs, errors.New("no copy of an order gave up waiting while the order ran"))
+	}
+	if !o.scaleOut.evicted {
+		errs = append(errs, errors.New("the first copy was never seen evicted from the consumer group while it charged the slow order"))
+	}
+	if o.scaleOut.readAgain < 1 {
+		errs = append(errs, errors.New("the second copy never read the slow order's messages again while the first copy charged it"))
 	}
 	if !slices.Equal(o.poisoned, []string{o.sent.malformed}) {
 		errs = append(errs, fmt.Errorf("the poison topic holds %v, not just the message without an order id (%s)", o.poisoned, o.sent.malformed))
@@ -404,10 +633,14 @@ func (o observations) claims() string {
 	// or gave up and was nacked in progress.
 	inFlight := max(int(o.metrics.waited), int(m["in_progress"]))
 	return fmt.Sprintf("%s charged exactly once each in the ledger, under fencing tokens; %s dropped as duplicates, uncharged; "+
-		"the flaky order charged after %s; %s found %s order held on the other partition and waited "+
+		"the flaky order charged after %s; "+
+		"while the slow order ran, a second copy of the service joined the consumer group: the first copy, busy charging it, was evicted, "+
+		"and the second read the slow order's messages again from the last committed offsets (%s found the order held and waited, %d of them nacked in progress); "+
+		"in all, %s found %s order held on the other partition or by the other copy and waited "+
 		"(%d of them then nacked in progress and retried in place), none charged again or poisoned; "+
 		"only the message without an order id reached the poison topic; /metrics agrees with the ledger.",
 		count(len(o.sent.orders), "order"), count(int(m["duplicate"]), "copy"), count(int(m["handler_failed"]), "failed delivery"),
+		count(o.scaleOut.readAgain, "delivery"), o.scaleOut.nacked,
 		count(inFlight, "delivery"), plural(inFlight, "its", "their"), int(m["in_progress"]))
 }
 

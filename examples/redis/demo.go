@@ -299,7 +299,7 @@ func (o observations) check() error {
 		errs = append(errs, errors.New("the flaky order's payment never failed a delivery"))
 	}
 	if o.slowDeliveries < 2 {
-		errs = append(errs, errors.New("Redis Streams did not deliver the slow order's entry again while it ran"))
+		errs = append(errs, errors.New("the slow order's entry was not delivered again while it ran"))
 	}
 	if o.metrics.waited+m["in_progress"] < 1 {
 		errs = append(errs, errors.New("no delivery found its order held by another consumer"))

@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -64,7 +63,8 @@ func Build(t testing.TB, dir string) string {
 	if raceEnabled {
 		args = append(args, "-race")
 	}
-	cmd := exec.Command(goCommand(), append(args, ".")...)
+	// go test puts its own go command first in PATH.
+	cmd := exec.Command("go", append(args, ".")...)
 	cmd.Dir = abs
 	start := time.Now()
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -73,19 +73,6 @@ func Build(t testing.TB, dir string) string {
 	t.Logf("built %s in %.1fs (race: %v)", filepath.Base(abs), time.Since(start).Seconds(), raceEnabled)
 	built[abs] = bin
 	return bin
-}
-
-// goCommand is the go command of the toolchain that built the test.
-func goCommand() string {
-	if gobin := filepath.Join(runtime.GOROOT(), "bin", "go"); fileExists(gobin) {
-		return gobin
-	}
-	return "go"
-}
-
-func fileExists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }
 
 // Process is a running example program.
