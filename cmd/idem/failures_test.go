@@ -104,7 +104,9 @@ func requireTimedOut(t *testing.T, env []string, args ...string) {
 	r := idem(t, append(noStore, env...), "", append(args, "--timeout", timeout.String())...)
 	elapsed := time.Since(start)
 	require.Equal(t, exitError, r.code, r.stdout+r.stderr)
-	require.Less(t, elapsed, timeout+2*time.Second, "--timeout bounds the command: %s", r.stderr)
+	// Without the bound, the client libraries' own timeouts and retries
+	// held the command 5 s and more; the margin is for a loaded machine.
+	require.Less(t, elapsed, timeout+3*time.Second, "--timeout bounds the command: %s", r.stderr)
 	requireOneLine(t, r.stderr)
 	require.Contains(t, r.stderr, "did not answer within 1s (--timeout)")
 	require.NotContains(t, r.stderr, "answered with an error")
