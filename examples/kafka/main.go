@@ -20,8 +20,10 @@
 // provider. demo.go is the demonstration, apart from the service: a
 // producer that sends every order twice, each copy to its own partition,
 // an order whose payment fails, a slow order and a message without an
-// order id, and the check of what happened. Run with -serve, the service
-// runs alone until SIGINT or SIGTERM.
+// order id; a second copy of the service (run again, in the same process)
+// that joins the consumer group while the slow order is charged, as a
+// deploy or a scale-out would; and the check of what happened. Run with
+// -serve, the service runs alone until SIGINT or SIGTERM.
 //
 // Configuration (environment):
 //

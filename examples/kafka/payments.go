@@ -9,6 +9,8 @@ import (
 
 // slowCharge is how long a payment the demo asks to be slow takes: longer
 // than inProgressWait, so that its copy gives up waiting and is nacked
+// while it runs, and than rebalanceTimeout with time to spare, so that a
+// copy of the service joining the group meanwhile reads its message again
 // while it runs.
 const slowCharge = 4 * time.Second
 
