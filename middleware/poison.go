@@ -3,8 +3,6 @@ package middleware
 import (
 	"sync"
 	"time"
-
-	"github.com/ThreeDotsLabs/watermill"
 )
 
 // A message that fails permanently (no usable key, a fingerprint
@@ -80,35 +78,4 @@ func (r *repeats) forgetLocked(now time.Time) {
 		}
 		delete(r.seen, uuid)
 	}
-}
-
-// logLimit lets through at most one error line per outcome per second; a
-// line after suppressed ones carries their count, so that a flood of
-// failures (a store down, a stream of messages without a key) is visible
-// without one line per delivery.
-type logLimit struct {
-	mu    sync.Mutex
-	state [numOutcomes + 1]struct {
-		last       time.Time
-		suppressed int
-	}
-}
-
-const logInterval = time.Second
-
-// allow reports whether a line for outcome o may be logged now and adds
-// the count of the lines suppressed since the last one to f.
-func (l *logLimit) allow(o Outcome, now time.Time, f watermill.LogFields) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	st := &l.state[o]
-	if !st.last.IsZero() && now.Sub(st.last) < logInterval {
-		st.suppressed++
-		return false
-	}
-	if st.suppressed > 0 {
-		f["suppressed_since_last"] = st.suppressed
-	}
-	st.last, st.suppressed = now, 0
-	return true
 }
