@@ -10,7 +10,7 @@ import (
 )
 
 // acquire calls Store.Acquire once it has a slot (see [guard]), retrying
-// transient failures within StoreTimeout. A retry after an ambiguous
+// transient failures within Timing.StoreTimeout. A retry after an ambiguous
 // failure (the store applied the call, the reply was lost) is safe because
 // Acquire is re-entrant for the same owner. Errors retrying cannot fix
 // return at once. It also returns when the successful call was sent, which
@@ -20,7 +20,7 @@ func (m *Idempotency) acquire(d *delivery) (backends.AcquireResult, time.Time, e
 		return backends.AcquireResult{}, time.Time{}, fmt.Errorf("waiting for a store slot: %w", err)
 	}
 	defer m.guard.leave()
-	ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
+	ctx := withDeadline(d.ctx, m.cfg.Timing.StoreTimeout)
 	defer ctx.stop()
 	req := backends.AcquireRequest{Key: d.key, Owner: d.owner, LeaseTTL: m.cfg.LeaseTTL, Retention: m.cfg.Retention, Fingerprint: d.fp}
 	var last error

@@ -14,18 +14,14 @@ import (
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 )
 
-// Defaults applied by [New] to zero-valued [Config] fields.
+// Defaults applied by [New] to zero-valued [Config] fields; [Timing] has
+// its own.
 const (
-	DefaultLeaseTTL        = 30 * time.Second
-	DefaultRetention       = 24 * time.Hour
-	DefaultPollInterval    = 50 * time.Millisecond
-	DefaultMaxPollInterval = time.Second
-	DefaultStoreTimeout    = 5 * time.Second
-	DefaultMaxKeyBytes     = 512
-	DefaultMaxOutputBytes  = 1 << 20
-
+	DefaultLeaseTTL              = 30 * time.Second
+	DefaultRetention             = 24 * time.Hour
 	DefaultMaxConcurrentAcquires = 8
-	DefaultMaxStoreBackoff       = 2 * time.Second
+	DefaultMaxKeyBytes           = 512
+	DefaultMaxOutputBytes        = 1 << 20
 
 	// MinLeaseTTL is the shortest lease TTL [New] accepts. The lease is
 	// renewed every third of its TTL, and stores keep time in milliseconds.
@@ -87,11 +83,14 @@ type Config struct {
 	Namespace string
 
 	// LeaseTTL is how long a processing lease lasts unless renewed. While
-	// the handler runs, the lease is renewed every LeaseTTL/3; a crashed
-	// worker's lease is taken over LeaseTTL after its last renewal. Set it
-	// near the broker's redelivery delay (the SQS visibility timeout, the
-	// Redis Streams MaxIdleTime). At least MinLeaseTTL.
-	// Defaults to 30 seconds.
+	// the handler runs, and while its completion or release is recorded,
+	// the lease is renewed every LeaseTTL/3, and a failed renewal is tried
+	// again every LeaseTTL/10. The lease counts as lost, and the handler's
+	// context is cancelled, when it could not be renewed until LeaseTTL/10
+	// (the margin) before it would run out. A crashed worker's lease is
+	// taken over LeaseTTL after its last renewal. Set it near the broker's
+	// redelivery delay (the SQS visibility timeout, the Redis Streams
+	// MaxIdleTime). At least MinLeaseTTL. Defaults to 30 seconds.
 	LeaseTTL time.Duration
 
 	// Retention is how long a completed key is remembered, so duplicates
@@ -99,32 +98,11 @@ type Config struct {
 	// as long, so fencing tokens keep counting up. Defaults to 24 hours.
 	Retention time.Duration
 
-	// InProgressWait bounds how long a duplicate waits for another worker
-	// that holds the key's lease. If the holder completes, the duplicate is
-	// acked; if it fails or its lease runs out, the duplicate takes over;
-	// if it still holds the lease when the wait ends, the duplicate is
-	// nacked with an [*InProgressError]. Negative means do not wait.
-	// Defaults to the holder's remaining lease (at most LeaseTTL).
-	InProgressWait time.Duration
-
-	// PollInterval is the first pause between two looks at the store while
-	// waiting for a holder; each later pause doubles, up to
-	// MaxPollInterval, with jitter. A store that wakes waiters
-	// (backends.Watcher: redisstore, pgstore, memstore) is watched
-	// instead, and looked at when woken, when the holder's lease runs out
-	// and every 10 × MaxPollInterval as a safety net. Defaults to 50
-	// milliseconds.
-	PollInterval time.Duration
-
-	// MaxPollInterval caps the pause between two looks at the store while
-	// waiting. Defaults to 1 second.
-	MaxPollInterval time.Duration
-
-	// StoreTimeout bounds each store call: an Acquire with its retries
-	// (not counting the wait for a slot, see MaxConcurrentAcquires), and
-	// each attempt at a Complete or Release. Renewals are bounded by the
-	// lease instead. Defaults to 5 seconds.
-	StoreTimeout time.Duration
+	// Timing holds every wait, timeout and pause: how long a delivery
+	// waits for the holder of its key, how often it looks at the store
+	// meanwhile, how long a store call may take, and how calls are spaced
+	// after failures. Each zero field takes its default (see [Timing]).
+	Timing Timing
 
 	// MaxConcurrentAcquires bounds the Acquire calls this middleware has
 	// in flight at once; further deliveries wait for a slot in arrival
@@ -137,19 +115,6 @@ type Config struct {
 	// when the store reports it (backends.PoolSizer: redisstore and
 	// pgstore do), otherwise 8.
 	MaxConcurrentAcquires int
-
-	// MaxStoreBackoff caps the spacing between acquisitions while the
-	// store fails (starting at 10ms and doubling with each round of
-	// failures), and is the most a delivery that failed on the store waits
-	// before it is nacked (it waits half to all of it, at random). This
-	// keeps brokers that redeliver a nack at once (GoChannel, AMQP, Redis
-	// Streams, SQL) from hammering a failing store. It also caps the pause
-	// before the nack of a message that fails for good ([IsPoison]: no key,
-	// a fingerprint mismatch, an output too large) again: its first
-	// failure is nacked at once, its n-th repeat after 100ms·2ⁿ⁻¹, so that
-	// such a message comes back about once per MaxStoreBackoff instead of
-	// as fast as the broker can redeliver it. Defaults to 2 seconds.
-	MaxStoreBackoff time.Duration
 
 	// MaxKeyBytes is the longest full key (namespace included) accepted;
 	// a longer one is a [*KeyError] wrapping [ErrKeyTooLong]. Wrap the
@@ -229,23 +194,12 @@ func (c Config) withDefaults() Config {
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.MaxPollInterval == 0 {
-		c.MaxPollInterval = max(DefaultMaxPollInterval, c.PollInterval)
-	}
-	if c.StoreTimeout == 0 {
-		c.StoreTimeout = DefaultStoreTimeout
-	}
+	c.Timing = c.Timing.withDefaults()
 	if c.MaxConcurrentAcquires == 0 {
 		c.MaxConcurrentAcquires = DefaultMaxConcurrentAcquires
 		if ps, ok := c.Store.(backends.PoolSizer); ok && !isNil(c.Store) && ps.PoolSize() > 0 {
 			c.MaxConcurrentAcquires = max(1, ps.PoolSize()/2)
 		}
-	}
-	if c.MaxStoreBackoff == 0 {
-		c.MaxStoreBackoff = DefaultMaxStoreBackoff
 	}
 	if c.MaxKeyBytes == 0 {
 		c.MaxKeyBytes = DefaultMaxKeyBytes
@@ -279,21 +233,10 @@ func (c Config) validate() error {
 	}
 	check(c.LeaseTTL >= MinLeaseTTL, "LeaseTTL must be at least %v, got %v", MinLeaseTTL, c.LeaseTTL)
 	check(c.Retention > 0, "Retention must be positive, got %v", c.Retention)
-	check(c.PollInterval > 0, "PollInterval must be positive, got %v", c.PollInterval)
-	check(c.MaxPollInterval >= c.PollInterval, "MaxPollInterval (%v) must be at least PollInterval (%v)", c.MaxPollInterval, c.PollInterval)
-	check(c.StoreTimeout > 0, "StoreTimeout must be positive, got %v", c.StoreTimeout)
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"LeaseTTL", c.LeaseTTL}, {"Retention", c.Retention}, {"InProgressWait", c.InProgressWait},
-		{"PollInterval", c.PollInterval}, {"MaxPollInterval", c.MaxPollInterval},
-		{"StoreTimeout", c.StoreTimeout}, {"MaxStoreBackoff", c.MaxStoreBackoff},
-	} {
-		check(d.v <= backends.MaxDuration, "%s must be at most %v, got %v", d.name, backends.MaxDuration, d.v)
-	}
+	check(c.LeaseTTL <= backends.MaxDuration, "LeaseTTL must be at most %v, got %v", backends.MaxDuration, c.LeaseTTL)
+	check(c.Retention <= backends.MaxDuration, "Retention must be at most %v, got %v", backends.MaxDuration, c.Retention)
+	c.Timing.validate(check)
 	check(c.MaxConcurrentAcquires > 0, "MaxConcurrentAcquires must be positive, got %d", c.MaxConcurrentAcquires)
-	check(c.MaxStoreBackoff > 0, "MaxStoreBackoff must be positive, got %v", c.MaxStoreBackoff)
 	check(c.MaxKeyBytes > 0, "MaxKeyBytes must be positive, got %d", c.MaxKeyBytes)
 	check(c.MaxKeyBytes <= backends.MaxKeyBytes, "MaxKeyBytes must be at most %d (backends.MaxKeyBytes), got %d", backends.MaxKeyBytes, c.MaxKeyBytes)
 	check(c.MaxKeyBytes > len(c.Namespace)+1, "MaxKeyBytes (%d) leaves no room for a key after Namespace %q", c.MaxKeyBytes, c.Namespace)

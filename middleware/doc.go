@@ -68,7 +68,7 @@
 // and releases never wait for a slot, so the leases of running handlers
 // are kept however many duplicates arrive. A failed completion or release
 // is retried while the lease is kept. While the store fails, acquisitions
-// become probes, one at a time with backoff up to [Config.MaxStoreBackoff],
+// become probes, one at a time with backoff (Timing.StoreBackoff),
 // and a delivery that failed on the store pauses before its nack, so
 // brokers that redeliver at once do not hammer it.
 //

@@ -110,10 +110,10 @@ func ExampleNew_invalidConfig() {
 // errors no redelivery can fix, false for those that must come back.
 func ExampleIsPoison() {
 	idem, _ := idempotency.New(idempotency.Config{
-		Store:          memstore.New(memstore.Options{}),
-		Key:            keyfunc.Metadata("Idempotency-Key"),
-		Namespace:      "payments",
-		InProgressWait: -1, // do not wait for the holder, to show the error at once
+		Store:     memstore.New(memstore.Options{}),
+		Key:       keyfunc.Metadata("Idempotency-Key"),
+		Namespace: "payments",
+		Timing:    idempotency.Timing{InProgressWait: -1}, // do not wait for the holder, to show the error at once
 	})
 	run := func(msg *message.Message, h message.HandlerFunc) error {
 		_, err := idem.Middleware(h)(msg)

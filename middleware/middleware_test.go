@@ -69,7 +69,7 @@ func TestConcurrentDeliveriesNeverAckedWhileRunning(t *testing.T) {
 
 func TestInProgressAfterWaitIsNacked(t *testing.T) {
 	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
-		c.InProgressWait = 30 * time.Millisecond
+		c.Timing.InProgressWait = 30 * time.Millisecond
 	})
 	release := make(chan struct{})
 	var runs atomic.Int32
@@ -91,7 +91,7 @@ func TestInProgressAfterWaitIsNacked(t *testing.T) {
 
 func TestNegativeWaitNacksAtOnce(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{})}
-	m, _ := newMiddleware(t, store, func(c *middleware.Config) { c.InProgressWait = -1 })
+	m, _ := newMiddleware(t, store, func(c *middleware.Config) { c.Timing.InProgressWait = -1 })
 	_, err := store.Store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "other", LeaseTTL: time.Minute, Retention: time.Minute})
 	require.NoError(t, err)
 	before := store.acquires.Load()
@@ -240,7 +240,7 @@ func TestRenewalKeepsLongHandlerLease(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{})}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.LeaseTTL = 300 * time.Millisecond // renewed every 100ms, with a 30ms margin
-		c.InProgressWait = -1
+		c.Timing.InProgressWait = -1
 	})
 	release := make(chan struct{})
 	done := make(chan error)
@@ -258,7 +258,7 @@ func TestRenewalKeepsLongHandlerLease(t *testing.T) {
 
 func TestStoreDownFailsClosed(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
-	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.StoreTimeout = 50 * time.Millisecond })
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.Timing.StoreTimeout = 50 * time.Millisecond })
 	var runs atomic.Int32
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil })(newMsg("k", "x"))
 	require.ErrorIs(t, err, middleware.ErrStore)
@@ -270,7 +270,7 @@ func TestStoreDownFailsClosed(t *testing.T) {
 func TestStoreDownFailOpen(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
-		c.StoreTimeout = 50 * time.Millisecond
+		c.Timing.StoreTimeout = 50 * time.Millisecond
 		c.FailOpen = true
 	})
 	var runs atomic.Int32
@@ -528,9 +528,9 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		"negative lease":        {Store: store, LeaseTTL: -time.Second},
 		"lease too short":       {Store: store, LeaseTTL: time.Millisecond},
 		"negative retention":    {Store: store, Retention: -time.Hour},
-		"negative poll":         {Store: store, PollInterval: -1},
-		"max poll below poll":   {Store: store, PollInterval: time.Second, MaxPollInterval: time.Millisecond},
-		"negative timeout":      {Store: store, StoreTimeout: -1},
+		"negative poll":         {Store: store, Timing: middleware.Timing{Poll: middleware.Backoff{Initial: -1}}},
+		"max poll below poll":   {Store: store, Timing: middleware.Timing{Poll: middleware.Backoff{Initial: time.Second, Max: time.Millisecond}}},
+		"negative timeout":      {Store: store, Timing: middleware.Timing{StoreTimeout: -1}},
 		"negative max key":      {Store: store, MaxKeyBytes: -1},
 		"namespace fills key":   {Store: store, Namespace: "abcdef", MaxKeyBytes: 7},
 		"negative max output":   {Store: store, MaxOutputBytes: -1},
@@ -539,11 +539,13 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		"typed-nil store":       {Store: (*memstore.Store)(nil)},
 		"lease near overflow":   {Store: store, LeaseTTL: math.MaxInt64},
 		"retention over max":    {Store: store, Retention: backends.MaxDuration + 1},
-		"wait over max":         {Store: store, InProgressWait: math.MaxInt64},
-		"timeout over max":      {Store: store, StoreTimeout: math.MaxInt64},
+		"wait over max":         {Store: store, Timing: middleware.Timing{InProgressWait: math.MaxInt64}},
+		"timeout over max":      {Store: store, Timing: middleware.Timing{StoreTimeout: math.MaxInt64}},
 		"key over store limit":  {Store: store, MaxKeyBytes: backends.MaxKeyBytes + 1},
 		"negative acquires":     {Store: store, MaxConcurrentAcquires: -1},
-		"negative backoff":      {Store: store, MaxStoreBackoff: -1},
+		"negative backoff":      {Store: store, Timing: middleware.Timing{StoreBackoff: middleware.Backoff{Max: -1}}},
+		"negative poison pause": {Store: store, Timing: middleware.Timing{PoisonBackoff: middleware.Backoff{Initial: -1}}},
+		"negative watched poll": {Store: store, Timing: middleware.Timing{WatchedPoll: -1}},
 	}
 	for name, cfg := range tests {
 		m, err := middleware.New(cfg)

@@ -44,7 +44,7 @@ const (
 	OutcomeOutputTooLarge
 	// OutcomeStoreError: the store failed before the handler ran; the
 	// message is nacked (fail closed), after a pause of half to all of
-	// Config.MaxStoreBackoff.
+	// Config.Timing.StoreBackoff.Max.
 	OutcomeStoreError
 	// OutcomeUnprotected: the handler ran without a lease, because of
 	// Config.FailOpen or KeyErrorProcess. Err says why.

@@ -46,7 +46,7 @@ func TestEventAckedMatchesWhatTheRouterIsTold(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	m, _ := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Observer = slotObserver
-		c.InProgressWait = -1
+		c.Timing.InProgressWait = -1
 	})
 	unprotected, _ := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Observer = slotObserver
@@ -59,7 +59,7 @@ func TestEventAckedMatchesWhatTheRouterIsTold(t *testing.T) {
 	})
 	down, _ := newMiddleware(t, &faultStore{Store: store, acquireErr: errors.New("connection refused")}, func(c *middleware.Config) {
 		c.Observer = slotObserver
-		c.StoreTimeout = 20 * time.Millisecond
+		c.Timing.StoreTimeout = 20 * time.Millisecond
 	})
 
 	held := make(chan struct{})

@@ -13,7 +13,7 @@ import (
 // not turn a store outage into a storm of calls. The pause ends early if
 // the delivery is cancelled.
 func (m *Idempotency) storeError(d *delivery, err error) ([]*message.Message, error) {
-	sleepCtx(d.msg.Context(), m.guard.pause())
+	sleep(d.msg.Context(), m.guard.pause(), nil)
 	return m.finish(d, OutcomeStoreError, nil, err)
 }
 
@@ -31,7 +31,7 @@ func (m *Idempotency) finish(d *delivery, o Outcome, out []*message.Message, err
 	if err != nil && IsPoison(err) {
 		// It will fail the same way when it comes back: do not let a
 		// broker that redelivers at once spin on it (pace.go).
-		sleepCtx(d.msg.Context(), m.repeats.failed(d.ev.MessageUUID, time.Now()))
+		sleep(d.msg.Context(), m.repeats.failed(d.ev.MessageUUID, time.Now()), nil)
 	}
 	return out, err
 }

@@ -242,9 +242,9 @@ func TestRouterKeyErrorsGoToPoisonQueue(t *testing.T) {
 func TestRouterInProgressDuplicateDoesNotSpinTheStore(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{})}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
-		c.InProgressWait = 100 * time.Millisecond
-		c.PollInterval = 20 * time.Millisecond
-		c.MaxPollInterval = 50 * time.Millisecond
+		c.Timing.InProgressWait = 100 * time.Millisecond
+		c.Timing.Poll.Initial = 20 * time.Millisecond
+		c.Timing.Poll.Max = 50 * time.Millisecond
 	})
 	release := make(chan struct{})
 	var runs atomic.Int32

@@ -27,7 +27,7 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 	d.ev.Lease = lease
 	orig := d.msg.Context()
 	hctx, cancel := context.WithCancelCause(context.WithValue(orig, leaseCtxKey{}, lease))
-	k := startKeeper(d.ctx, m.cfg.Store, lease, m.cfg.LeaseTTL, m.cfg.StoreTimeout, sentAt, cancel)
+	k := startKeeper(d.ctx, m.cfg.Store, lease, m.cfg.LeaseTTL, m.cfg.Timing.StoreTimeout, sentAt, cancel)
 	d.msg.SetContext(hctx)
 
 	start := time.Now()

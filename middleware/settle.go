@@ -9,58 +9,51 @@ import (
 )
 
 // settle runs op (a Complete or Release of the lease) until it succeeds or
-// fails for good, retrying transient failures with jittered backoff while
-// the keeper still holds the lease, and for at most a lease TTL (or
-// StoreTimeout if longer) in all. Each attempt is bounded by StoreTimeout.
-// The keeper keeps renewing meanwhile, so a slow or briefly unreachable
-// store delays the settlement instead of letting the lease run out under
-// finished work. It returns the number of attempts and op's last error.
+// fails for good, retrying transient failures with Timing.StoreBackoff's
+// pauses, at most LeaseTTL/10 each, while the keeper still holds the lease,
+// and for at most LeaseTTL (or StoreTimeout if longer) in all. Each attempt
+// is bounded by StoreTimeout. The keeper keeps renewing meanwhile, so a
+// slow or briefly unreachable store delays the settlement instead of
+// letting the lease run out under finished work. It returns the number of
+// attempts and op's last error.
 func (m *Idempotency) settle(d *delivery, k *keeper, op func(ctx context.Context) error) (attempts int, err error) {
-	limit := time.Now().Add(max(m.cfg.LeaseTTL, m.cfg.StoreTimeout))
-	wait := backoffBase
+	t := m.cfg.Timing
+	limit := time.Now().Add(max(m.cfg.LeaseTTL, t.StoreTimeout))
+	b := backoff{Backoff: Backoff{Initial: t.StoreBackoff.Initial, Max: min(t.StoreBackoff.Max, max(m.cfg.LeaseTTL/leaseMargin, t.StoreBackoff.Initial))}}
+	var lost <-chan struct{} // nil, never ready, without a keeper
 	for {
-		ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
+		ctx := withDeadline(d.ctx, t.StoreTimeout)
 		err = op(ctx)
 		ctx.stop()
 		attempts++
 		if !retryable(err) || errors.Is(err, backends.ErrLeaseLost) {
 			return attempts, err
 		}
-		pause := jitter(wait)
-		if time.Until(limit) < pause {
+		if lost == nil && k != nil {
+			lost = k.done() // made on first use: most settlements never retry
+		}
+		if !b.wait(d.ctx, limit, lost) {
 			return attempts, err
 		}
-		var lostCh <-chan struct{} // nil, never ready, without a keeper
-		if k != nil {
-			lostCh = k.done()
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-lostCh:
-			t.Stop()
-			return attempts, err
-		case <-t.C:
-		}
-		wait = min(wait*2, m.cfg.MaxStoreBackoff, max(m.cfg.LeaseTTL/10, backoffBase))
 	}
 }
 
 // completedUnder reports whether the key was completed under lease: by the
 // same owner with the same fencing token, so by this very attempt. It
-// retries transient failures within StoreTimeout: its answer decides
-// between an ack and a nack.
+// retries transient failures with Timing.StoreBackoff's pauses within
+// StoreTimeout: its answer decides between an ack and a nack.
 func (m *Idempotency) completedUnder(d *delivery, lease backends.Lease) bool {
-	ctx := withDeadline(d.ctx, m.cfg.StoreTimeout)
+	ctx := withDeadline(d.ctx, m.cfg.Timing.StoreTimeout)
 	defer ctx.stop()
-	for wait := backoffBase; ; wait = min(wait*2, m.cfg.MaxStoreBackoff) {
+	b := backoff{Backoff: m.cfg.Timing.StoreBackoff}
+	for {
 		rec, err := m.cfg.Store.Inspect(ctx, lease.Key)
 		if !retryable(err) || errors.Is(err, backends.ErrNotFound) {
 			return err == nil && rec.State == backends.StateCompleted && rec.Owner == lease.Owner && rec.Token == lease.Token
 		}
-		if dl, _ := ctx.Deadline(); time.Until(dl) < wait {
+		if !b.wait(ctx, ctx.deadline, nil) {
 			return false
 		}
-		sleepCtx(ctx, jitter(wait))
 	}
 }
 

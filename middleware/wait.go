@@ -8,55 +8,50 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 )
 
-// waitForHolder polls the store, with backoff, until the holder of the key
-// completes or gives it up, or the wait ends. It never acks: the caller
-// turns a result still in progress into a nack. A store that can wake
-// waiters (backends.Watcher) is watched instead: the store is asked again
-// when the watch fires, when the holder's lease runs out, and otherwise
-// only every watchedPollFactor × MaxPollInterval, as a safety net. While
-// the store cannot watch (its subscription lost and not yet back), the
-// wait polls with backoff and tries to watch again after each poll that
-// finds the key still in progress, so that it is woken again once the
-// store can watch.
+// waitForHolder waits while the key is in progress, until its holder
+// completes or gives it up, or the wait (Timing.InProgressWait) ends. It
+// never acks: the caller turns a key still in progress into a nack. It
+// looks at the store with Timing.Poll's pauses; a store that can wake
+// waiters (backends.Watcher) is watched instead, and asked again when the
+// watch fires, when the holder's lease runs out, and otherwise every
+// Timing.WatchedPoll, as a safety net. While the store cannot watch (its
+// subscription lost and not yet back), the wait polls and tries to watch
+// again after each look that finds the key still in progress, so that it
+// is woken again once the store can watch.
 func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (backends.AcquireResult, time.Time, error) {
-	budget := m.cfg.InProgressWait
+	t := m.cfg.Timing
+	budget := t.InProgressWait
 	if budget == 0 {
-		budget = min(res.Remaining+m.cfg.PollInterval, m.cfg.LeaseTTL)
+		budget = min(res.Remaining+t.Poll.Initial, m.cfg.LeaseTTL)
 	}
 	start := time.Now()
 	deadline := start.Add(budget)
-	interval := m.cfg.PollInterval
-	var sentAt time.Time
 	defer func() { d.ev.Waited = time.Since(start) }()
+	poll := backoff{Backoff: t.Poll}
 	w := &waiter{m: m, d: d, end: func() {}}
 	defer w.stop()
 	w.rewatch()
-	var lastAsk time.Time
+	var sentAt, lastAsk time.Time
 	for wakes := 0; res.Status == backends.InProgress; {
 		left := time.Until(deadline)
 		if left <= 0 {
 			break
 		}
-		// Sleep for the backoff interval with ±20% jitter, or while
-		// watched for the safety interval, but wake when the holder's
-		// lease runs out or the store says the key changed, and never
-		// past the deadline. A change before the watch was in place
-		// needs no look of its own: the store wakes a watch at once if
-		// the key is no longer held when it is placed
-		// (backends.Watcher).
-		pause := jitter(interval)
+		// Sleep for the poll pause, or while watched for the safety
+		// pause, but wake when the holder's lease runs out or the store
+		// says the key changed, and never past the deadline. A change
+		// before the watch was in place needs no look of its own: the
+		// store wakes a watch at once if the key is no longer held when
+		// it is placed (backends.Watcher).
+		interval := poll.next()
+		pause := interval
 		if w.watching() {
-			pause = jitter(watchedPollFactor * m.cfg.MaxPollInterval)
+			pause = jitter(t.WatchedPoll)
 		}
-		pause = min(pause, res.Remaining+time.Millisecond, left)
-		timer := time.NewTimer(pause)
-		select {
-		case <-d.msg.Context().Done():
-			timer.Stop()
+		switch sleep(d.msg.Context(), min(pause, res.Remaining+time.Millisecond, left), w.changed) {
+		case cancelled:
 			return res, sentAt, fmt.Errorf("waiting for key %q: %w", d.key, d.msg.Context().Err())
-		case <-timer.C:
-		case <-w.changed:
-			timer.Stop()
+		case woken:
 			wakes++
 			if wakes == 1 {
 				// Most likely the holder finished: ask the store at once,
@@ -69,23 +64,15 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 			// ask covers any change until the new watch is in place, and
 			// ask no sooner than the poll backoff allows.
 			w.rewatch()
-			if wait := time.Until(lastAsk.Add(interval)); wait > 0 {
-				sleepCtx(d.msg.Context(), min(wait, time.Until(deadline)))
-				if err := d.msg.Context().Err(); err != nil {
-					return res, sentAt, fmt.Errorf("waiting for key %q: %w", d.key, err)
-				}
+			if sleep(d.msg.Context(), min(time.Until(lastAsk.Add(interval)), time.Until(deadline)), nil) == cancelled {
+				return res, sentAt, fmt.Errorf("waiting for key %q: %w", d.key, d.msg.Context().Err())
 			}
 		}
-		interval = min(interval*2, m.cfg.MaxPollInterval)
 
 		var err error
 		lastAsk = time.Now()
-		res, sentAt, err = m.acquire(d)
-		if err != nil {
-			return res, sentAt, fmt.Errorf("%w: acquire %q while waiting: %w", ErrStore, d.key, err)
-		}
-		if m.mismatch(d, res) {
-			return res, sentAt, nil
+		if res, sentAt, err = m.look(d); err != nil || m.mismatch(d, res) {
+			return res, sentAt, err
 		}
 		// Not watching: after the first wake above, or because the store
 		// could not watch when last asked. Try again: the stores here
@@ -101,18 +88,20 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 	// first, even, from before the wait began), and the holder may have
 	// finished, failed or run out of lease since.
 	if res.Status == backends.InProgress && budget > 0 && lastAsk.Before(deadline) {
-		var err error
-		res, sentAt, err = m.acquire(d)
-		if err != nil {
-			return res, sentAt, fmt.Errorf("%w: acquire %q while waiting: %w", ErrStore, d.key, err)
-		}
+		return m.look(d)
 	}
 	return res, sentAt, nil
 }
 
-// watchedPollFactor × MaxPollInterval is the pause between two safety
-// looks at the store while a Watcher watches the key.
-const watchedPollFactor = 10
+// look asks the store again while waiting: an Acquire, which takes the key
+// if the holder gave it up.
+func (m *Idempotency) look(d *delivery) (backends.AcquireResult, time.Time, error) {
+	res, sentAt, err := m.acquire(d)
+	if err != nil {
+		return res, sentAt, fmt.Errorf("%w: acquire %q while waiting: %w", ErrStore, d.key, err)
+	}
+	return res, sentAt, nil
+}
 
 // waiter is a waiting duplicate's watch on its key, if the store can
 // wake it (backends.Watcher). changed is nil while nothing is watched.
@@ -123,7 +112,7 @@ type waiter struct {
 	end     func()
 }
 
-// rewatch starts a new watch, waiting at most StoreTimeout for it to be
+// rewatch starts a new watch, waiting at most Timing.StoreTimeout for it to be
 // in place, and then ends the current one, if any: a store that keeps a
 // subscription per key keeps it across the two.
 func (w *waiter) rewatch() {
@@ -134,7 +123,7 @@ func (w *waiter) rewatch() {
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(w.d.msg.Context(), w.m.cfg.StoreTimeout)
+	ctx, cancel := context.WithTimeout(w.d.msg.Context(), w.m.cfg.Timing.StoreTimeout)
 	defer cancel()
 	changed, end, ok := watcher.Watch(ctx, w.d.key)
 	w.end = end
