@@ -28,33 +28,6 @@ const (
 	MinLeaseTTL = 10 * time.Millisecond
 )
 
-// KeyErrorPolicy decides what happens to a message whose key cannot be
-// extracted, or is too long.
-type KeyErrorPolicy int
-
-const (
-	// KeyErrorReject returns a [*KeyError] from the handler, so the message
-	// is nacked. Route it to a poison queue with [IsKeyError]. The default.
-	KeyErrorReject KeyErrorPolicy = iota
-	// KeyErrorProcess runs the handler without idempotency protection and
-	// reports [OutcomeUnprotected].
-	KeyErrorProcess
-)
-
-// MismatchPolicy decides what happens when a message's fingerprint differs
-// from the one its key's record was first acquired with: the same key was
-// used for a different payload.
-type MismatchPolicy int
-
-const (
-	// MismatchReject returns an error wrapping [ErrFingerprintMismatch]
-	// without running the handler. The default.
-	MismatchReject MismatchPolicy = iota
-	// MismatchIgnore treats the message as any other delivery of its key
-	// and reports the mismatch only in the [Event].
-	MismatchIgnore
-)
-
 // PayloadFingerprint is a [Config.Fingerprint] function: the SHA-256 of the
 // payload.
 func PayloadFingerprint(msg *message.Message) []byte {
@@ -139,18 +112,19 @@ type Config struct {
 	// every store. Defaults to nil: no fingerprints.
 	Fingerprint func(msg *message.Message) []byte
 
-	// OnFingerprintMismatch decides what a fingerprint mismatch does.
-	// Defaults to MismatchReject.
-	OnFingerprintMismatch MismatchPolicy
-
-	// OnKeyError decides what a message without a usable key does.
+	// OnKeyError decides what happens to a message without a usable key.
 	// Defaults to KeyErrorReject.
 	OnKeyError KeyErrorPolicy
 
-	// FailOpen runs the handler without a lease when the store cannot be
-	// reached to acquire one, instead of nacking the message. Duplicates
-	// may then run concurrently and twice. Defaults to false (fail closed).
-	FailOpen bool
+	// OnFingerprintMismatch decides what happens to a message whose
+	// fingerprint differs from the one its key was first seen with.
+	// Defaults to MismatchReject.
+	OnFingerprintMismatch MismatchPolicy
+
+	// OnStoreError decides what happens to a message when the store fails
+	// before a lease could be taken. Defaults to StoreErrorReject (fail
+	// closed).
+	OnStoreError StoreErrorPolicy
 
 	// Logger receives one log line per delivery: failures (store errors,
 	// lost leases, key errors, processed_not_recorded) at Error level, at
@@ -244,8 +218,9 @@ func (c Config) validate() error {
 	if limit := storeOutputLimit(c.Store); limit > 0 {
 		check(c.MaxOutputBytes <= limit, "MaxOutputBytes must be at most the store's limit %d (backends.OutputLimiter), got %d", limit, c.MaxOutputBytes)
 	}
-	check(c.OnKeyError == KeyErrorReject || c.OnKeyError == KeyErrorProcess, "OnKeyError: unknown policy %d", c.OnKeyError)
+	check(c.OnKeyError == KeyErrorReject || c.OnKeyError == KeyErrorRunUnprotected, "OnKeyError: unknown policy %d", c.OnKeyError)
 	check(c.OnFingerprintMismatch == MismatchReject || c.OnFingerprintMismatch == MismatchIgnore, "OnFingerprintMismatch: unknown policy %d", c.OnFingerprintMismatch)
+	check(c.OnStoreError == StoreErrorReject || c.OnStoreError == StoreErrorRunUnprotected, "OnStoreError: unknown policy %d", c.OnStoreError)
 	if len(errs) == 0 {
 		return nil
 	}

@@ -80,6 +80,6 @@
 // [IsKeyError]); a payload that differs from the one its key was first seen
 // with gets [ErrFingerprintMismatch] when [Config.Fingerprint] is set. A
 // store that cannot be reached nacks the message ([ErrStore]) unless
-// [Config.FailOpen] is set; an error the store marks as permanent
+// [Config.OnStoreError] says to run it unprotected; an error the store marks as permanent
 // (backends.ErrRejected) does so at once, without retries.
 package middleware

@@ -58,7 +58,7 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 
 	key, err := m.key(msg, d.ev.Handler)
 	if err != nil {
-		if m.cfg.OnKeyError == KeyErrorProcess {
+		if m.cfg.OnKeyError == KeyErrorRunUnprotected {
 			d.ev.Err = err
 			return m.runUnprotected(d, h)
 		}
@@ -81,7 +81,7 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 	}
 	if err != nil {
 		err = fmt.Errorf("%w: acquire %q: %w", ErrStore, key, err)
-		if m.cfg.FailOpen {
+		if m.cfg.OnStoreError == StoreErrorRunUnprotected {
 			d.ev.Err = err
 			return m.runUnprotected(d, h)
 		}

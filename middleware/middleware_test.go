@@ -267,11 +267,11 @@ func TestStoreDownFailsClosed(t *testing.T) {
 	require.Greater(t, store.acquires.Load(), int64(1), "retried within StoreTimeout")
 }
 
-func TestStoreDownFailOpen(t *testing.T) {
+func TestStoreDownRunUnprotected(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Timing.StoreTimeout = 50 * time.Millisecond
-		c.FailOpen = true
+		c.OnStoreError = middleware.StoreErrorRunUnprotected
 	})
 	var runs atomic.Int32
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil })(newMsg("k", "x"))
@@ -332,10 +332,10 @@ func TestKeyErrors(t *testing.T) {
 	require.Zero(t, runs.Load(), "the handler never ran for a message without a key")
 }
 
-func TestKeyErrorProcessPolicy(t *testing.T) {
+func TestKeyErrorRunUnprotectedPolicy(t *testing.T) {
 	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
-		c.OnKeyError = middleware.KeyErrorProcess
+		c.OnKeyError = middleware.KeyErrorRunUnprotected
 	})
 	var runs atomic.Int32
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil })(newMsg("u", "x"))
@@ -536,6 +536,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		"negative max output":   {Store: store, MaxOutputBytes: -1},
 		"unknown key policy":    {Store: store, OnKeyError: 7},
 		"unknown mismatch pol.": {Store: store, OnFingerprintMismatch: 7},
+		"unknown store policy":  {Store: store, OnStoreError: 7},
 		"typed-nil store":       {Store: (*memstore.Store)(nil)},
 		"lease near overflow":   {Store: store, LeaseTTL: math.MaxInt64},
 		"retention over max":    {Store: store, Retention: backends.MaxDuration + 1},

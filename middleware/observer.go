@@ -47,7 +47,7 @@ const (
 	// Config.Timing.StoreBackoff.Max.
 	OutcomeStoreError
 	// OutcomeUnprotected: the handler ran without a lease, because of
-	// Config.FailOpen or KeyErrorProcess. Err says why.
+	// KeyErrorRunUnprotected or StoreErrorRunUnprotected. Err says why.
 	OutcomeUnprotected
 
 	numOutcomes = iota

@@ -51,7 +51,7 @@ func TestEventAckedMatchesWhatTheRouterIsTold(t *testing.T) {
 	unprotected, _ := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Observer = slotObserver
 		c.Key = keyfunc.Metadata("k")
-		c.OnKeyError = middleware.KeyErrorProcess
+		c.OnKeyError = middleware.KeyErrorRunUnprotected
 	})
 	rejecting, _ := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Observer = slotObserver

@@ -99,7 +99,8 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 	return out, nil
 }
 
-// runUnprotected runs the handler without a lease (FailOpen, KeyErrorProcess).
+// runUnprotected runs the handler without a lease (KeyErrorRunUnprotected,
+// StoreErrorRunUnprotected).
 func (m *Idempotency) runUnprotected(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
 	start := time.Now()
 	out, err := h(d.msg)
