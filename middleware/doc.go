@@ -77,7 +77,7 @@
 // Bad input never panics and is never dropped silently: [New] returns an
 // error wrapping [ErrInvalidConfig]; a message without a usable key gets a
 // [*KeyError] (route it with Watermill's PoisonQueueWithFilter and
-// [IsKeyError]); a payload that differs from the one its key was first seen
+// [IsPoison]); a payload that differs from the one its key was first seen
 // with gets [ErrFingerprintMismatch] when [Config.Fingerprint] is set. A
 // store that cannot be reached nacks the message ([ErrStore]) unless
 // [Config.OnStoreError] says to run it unprotected; an error the store marks as permanent

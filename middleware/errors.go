@@ -52,28 +52,28 @@ func (e *KeyError) Unwrap() []error { return []error{ErrInvalidKey, e.Err} }
 
 // IsPoison reports whether err means the message can never succeed as it
 // was sent, however often it is redelivered: no usable key
-// ([*KeyError]), a fingerprint mismatch, an output too large to store, a
-// corrupt stored output. Use it as the filter of Watermill's
+// ([*KeyError], matching [ErrInvalidKey]), a fingerprint mismatch
+// ([ErrFingerprintMismatch]), an output too large to store
+// ([ErrOutputTooLarge]), a corrupt stored output
+// (backends.ErrCorruptOutput). Use it as the filter of Watermill's
 // PoisonQueueWithFilter, outside this middleware, to move such messages
 // out of the way:
 //
 //	poison, err := middleware.PoisonQueueWithFilter(pub, "poison", idempotency.IsPoison)
 //
-// It is false for everything that must come back: an in-flight duplicate
+// It is false for everything that must come back: a key in progress
 // ([*InProgressError]), a store error (even one the store marks
 // permanent, such as a missing table, which an operator will fix), a lost
-// lease, and the handler's own errors. A plain PoisonQueue would ack all
-// of those: an in-flight duplicate would be acked while its holder may
-// still fail, and the message lost.
+// lease, a cancelled delivery, and the handler's own errors. A plain
+// PoisonQueue would ack all of those: a duplicate whose key is in progress
+// would be acked while its holder may still fail, and the message lost.
+//
+// To tell one kind of poison from another, match its sentinel error with
+// [errors.Is].
 func IsPoison(err error) bool {
 	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrFingerprintMismatch) ||
 		errors.Is(err, ErrOutputTooLarge) || errors.Is(err, backends.ErrCorruptOutput)
 }
-
-// IsKeyError reports whether err is a [*KeyError]. It fits
-// middleware.PoisonQueueWithFilter from Watermill, to move messages that can
-// never be processed out of the way.
-func IsKeyError(err error) bool { return errors.Is(err, ErrInvalidKey) }
 
 // InProgressError is returned for a duplicate whose key was still held by
 // another worker when the wait ended. The message is nacked, never acked:

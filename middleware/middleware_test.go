@@ -322,7 +322,8 @@ func TestKeyErrors(t *testing.T) {
 			var ke *middleware.KeyError
 			require.ErrorAs(t, err, &ke)
 			require.Equal(t, tc.msg.UUID, ke.MessageUUID)
-			require.True(t, middleware.IsKeyError(err))
+			require.ErrorIs(t, err, middleware.ErrInvalidKey)
+			require.True(t, middleware.IsPoison(err))
 			if tc.want != nil {
 				require.ErrorIs(t, err, tc.want)
 			}

@@ -29,7 +29,7 @@ const (
 	// ErrorCanceled: the call was cancelled (context.Canceled), as when the
 	// router closes.
 	ErrorCanceled = "canceled"
-	// ErrorKey: the message had no usable key (middleware.IsKeyError).
+	// ErrorKey: the message had no usable key (middleware.ErrInvalidKey).
 	ErrorKey = "key_error"
 	// ErrorInProgress: another worker still held the key (middleware.ErrInProgress).
 	ErrorInProgress = "in_progress"
@@ -61,7 +61,7 @@ func ErrorType(err error) string {
 		return ErrorTimeout
 	case errors.Is(err, context.Canceled):
 		return ErrorCanceled
-	case idempotency.IsKeyError(err):
+	case errors.Is(err, idempotency.ErrInvalidKey):
 		return ErrorKey
 	case errors.Is(err, idempotency.ErrInProgress):
 		return ErrorInProgress
