@@ -1,13 +1,11 @@
 package middleware
 
 import (
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/storekit"
@@ -27,13 +25,6 @@ const (
 	// renewed every third of its TTL, and stores keep time in milliseconds.
 	MinLeaseTTL = 10 * time.Millisecond
 )
-
-// PayloadFingerprint is a [Config.Fingerprint] function: the SHA-256 of the
-// payload.
-func PayloadFingerprint(msg *message.Message) []byte {
-	sum := sha256.Sum256(msg.Payload)
-	return sum[:]
-}
 
 // Config configures the middleware. Only Store is required; [New] fills
 // the other zero fields with defaults in its own copy.
@@ -104,13 +95,19 @@ type Config struct {
 	// 1 MiB, or the store's limit if that is lower.
 	MaxOutputBytes int
 
-	// Fingerprint, if set, identifies a message's payload; a message whose
-	// fingerprint differs from the one its key was first seen with is
-	// handled by OnFingerprintMismatch. [PayloadFingerprint] hashes the
-	// payload. A fingerprint longer than backends.MaxFingerprintBytes
-	// (4 KiB) is stored as its SHA-256, so that any function works with
-	// every store. Defaults to nil: no fingerprints.
-	Fingerprint func(msg *message.Message) []byte
+	// Fingerprint, if set, extracts what identifies the content of a
+	// message, as Key extracts what identifies its work: the store keeps
+	// the fingerprint a key was first acquired with, and a later message
+	// with the same key and another fingerprint is a key collision, not a
+	// duplicate, handled by OnFingerprintMismatch. keyfunc.PayloadHash()
+	// fingerprints the whole payload; keyfunc.JSONField or
+	// keyfunc.Composite the fields that must agree. A fingerprint up to
+	// backends.MaxFingerprintBytes (4 KiB) is recorded as it is, a longer
+	// one as its SHA-256, so that any extractor works with every store. A
+	// message whose fingerprint cannot be extracted (keyfunc.PayloadHash
+	// of an empty payload, say) is handled without one: it is neither
+	// compared nor recorded. Defaults to nil: no fingerprints.
+	Fingerprint keyfunc.Extractor
 
 	// OnKeyError decides what happens to a message without a usable key.
 	// Defaults to KeyErrorReject.
@@ -204,6 +201,11 @@ func (c Config) validate() error {
 	check(c.Store == nil || !isNil(c.Store), "Store is a nil %T", c.Store)
 	if err := keyfunc.Validate(c.Key); err != nil {
 		errs = append(errs, fmt.Errorf("invalid Key: %w", err))
+	}
+	if c.Fingerprint != nil {
+		if err := keyfunc.Validate(c.Fingerprint); err != nil {
+			errs = append(errs, fmt.Errorf("invalid Fingerprint: %w", err))
+		}
 	}
 	check(c.LeaseTTL >= MinLeaseTTL, "LeaseTTL must be at least %v, got %v", MinLeaseTTL, c.LeaseTTL)
 	check(c.Retention > 0, "Retention must be positive, got %v", c.Retention)

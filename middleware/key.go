@@ -3,6 +3,7 @@ package middleware
 import (
 	"bytes"
 	crand "crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -55,6 +56,27 @@ func (m *Idempotency) key(msg *message.Message, handler string) (string, error) 
 	return full, nil
 }
 
+// fingerprint returns msg's fingerprint as the store records it: the
+// Fingerprint extractor's value, or its SHA-256 if it is longer than
+// backends.MaxFingerprintBytes. It is nil without a Fingerprint extractor
+// or a value from it.
+func (m *Idempotency) fingerprint(msg *message.Message) []byte {
+	if m.cfg.Fingerprint == nil {
+		return nil
+	}
+	fp, err := m.cfg.Fingerprint.Key(msg)
+	if err != nil || fp == "" {
+		return nil
+	}
+	if len(fp) > backends.MaxFingerprintBytes {
+		sum := sha256.Sum256([]byte(fp))
+		return sum[:]
+	}
+	return []byte(fp)
+}
+
+// mismatch reports whether the key's record was first acquired with
+// another fingerprint, and notes it in the event.
 func (m *Idempotency) mismatch(d *delivery, res backends.AcquireResult) bool {
 	if d.fp == nil || res.Fingerprint == nil || bytes.Equal(d.fp, res.Fingerprint) {
 		return false

@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -65,14 +64,7 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 		return m.finish(d, OutcomeKeyError, nil, err)
 	}
 	d.key, d.ev.Key = key, key
-	d.owner = newOwner()
-	if m.cfg.Fingerprint != nil {
-		d.fp = m.cfg.Fingerprint(msg)
-		if len(d.fp) > backends.MaxFingerprintBytes {
-			sum := sha256.Sum256(d.fp)
-			d.fp = sum[:]
-		}
-	}
+	d.owner, d.fp = newOwner(), m.fingerprint(msg)
 
 	res, sentAt, err := m.acquire(d)
 	if err != nil && d.msg.Context().Err() != nil {

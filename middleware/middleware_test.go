@@ -349,7 +349,7 @@ func TestFingerprintMismatch(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
-		c.Fingerprint = middleware.PayloadFingerprint
+		c.Fingerprint = keyfunc.PayloadHash()
 	})
 	withKey := func(payload string) *message.Message {
 		msg := newMsg("u-"+payload, payload)
@@ -392,7 +392,31 @@ func TestFingerprintMismatch(t *testing.T) {
 	require.Equal(t, backends.StateReleased, rec.State, "the mismatching delivery gave the key back")
 }
 
-// A fingerprint function may return anything, the payload itself
+// A message whose fingerprint cannot be extracted (keyfunc.PayloadHash of
+// an empty payload) is handled without one: its record keeps none, and a
+// later message under its key is not compared with it.
+func TestFingerprintNotExtractedIsNotCompared(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
+		c.Key = keyfunc.Metadata("k")
+		c.Fingerprint = keyfunc.PayloadHash()
+	})
+	deliver := func(payload string) error {
+		msg := newMsg("u-"+payload, payload)
+		msg.Metadata.Set("k", "order-1")
+		_, err := m.Middleware(ok)(msg)
+		return err
+	}
+	require.NoError(t, deliver(""))
+	rec, err := store.Inspect(context.Background(), "test:order-1")
+	require.NoError(t, err)
+	require.Nil(t, rec.Fingerprint)
+	require.NoError(t, deliver("x"), "not compared: a duplicate")
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeProcessed))
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeDuplicate))
+}
+
+// A fingerprint extractor may return anything, the payload itself
 // included: one over backends.MaxFingerprintBytes is stored as its SHA-256,
 // so a 70 KiB message is processed once, its duplicate dropped and another
 // payload under its key refused, on every store alike.
@@ -400,7 +424,7 @@ func TestLongFingerprintIsHashed(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
-		c.Fingerprint = func(msg *message.Message) []byte { return msg.Payload }
+		c.Fingerprint = keyfunc.Func(func(msg *message.Message) (string, error) { return string(msg.Payload), nil })
 	})
 	withKey := func(fill byte) *message.Message {
 		msg := newMsg(watermill.NewUUID(), string(bytes.Repeat([]byte{fill}, 70<<10)))
@@ -428,7 +452,7 @@ func TestFingerprintMismatchIgnorePolicy(t *testing.T) {
 	var mu sync.Mutex
 	m, _ := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
-		c.Fingerprint = middleware.PayloadFingerprint
+		c.Fingerprint = keyfunc.PayloadHash()
 		c.OnFingerprintMismatch = middleware.MismatchIgnore
 		c.Observer = middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) {
 			mu.Lock()
@@ -526,6 +550,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 	tests := map[string]middleware.Config{
 		"no store":              {},
 		"bad extractor":         {Store: store, Key: keyfunc.JSONField()},
+		"bad fingerprint":       {Store: store, Fingerprint: keyfunc.JSONField()},
 		"negative lease":        {Store: store, LeaseTTL: -time.Second},
 		"lease too short":       {Store: store, LeaseTTL: time.Millisecond},
 		"negative retention":    {Store: store, Retention: -time.Hour},

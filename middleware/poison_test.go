@@ -85,7 +85,7 @@ func keyed(uuid, key, payload string) *message.Message {
 func TestIsPoisonRoutesWhatCannotSucceed(t *testing.T) {
 	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
-		c.Fingerprint = middleware.PayloadFingerprint
+		c.Fingerprint = keyfunc.PayloadHash()
 		c.MaxOutputBytes = 100
 	})
 	e := newPoisonEnv(t, m, middleware.IsPoison, func(msg *message.Message) ([]*message.Message, error) {
