@@ -119,20 +119,23 @@ type Event struct {
 	// completed the key itself, in its own transaction.
 	CompletedByHandler bool
 	// Err is the error returned to the router, or for
-	// OutcomeProcessedNotRecorded and OutcomeUnprotected the error behind it.
+	// OutcomeProcessedNotRecorded and OutcomeUnprotected the error behind
+	// it (for OutcomeUnprotected joined with HandlerErr).
 	Err error
-
-	// handlerFailed is set when an unprotected handler returned an error.
-	handlerFailed bool
+	// HandlerErr is the error the handler returned, if it ran and failed
+	// (a panic is an error saying so). It is set for OutcomeHandlerFailed,
+	// for OutcomeUnprotected when the unprotected handler failed, and for
+	// OutcomeLeaseLost when the handler failed after its lease was lost.
+	HandlerErr error
 }
 
 // Acked reports whether the middleware let the delivery succeed, so that
 // the router acks it once it has published the handler's output. It is
 // [Outcome.Acked], except that an OutcomeUnprotected delivery is acked
-// when its handler succeeded.
+// when its handler succeeded (HandlerErr is nil).
 func (e Event) Acked() bool {
 	if e.Outcome == OutcomeUnprotected {
-		return !e.handlerFailed
+		return e.HandlerErr == nil
 	}
 	return e.Outcome.Acked()
 }

@@ -94,6 +94,8 @@ func TestEventAckedMatchesWhatTheRouterIsTold(t *testing.T) {
 			ev, err := deliver(t, c.m, newMsg(c.uuid, "x"), c.h)
 			require.Equal(t, c.want, ev.Outcome)
 			require.Equal(t, err == nil, ev.Acked(), "Acked with error %v", err)
+			handlerFailed := c.name == "handler failed" || c.name == "unprotected, handler failed"
+			require.Equal(t, handlerFailed, errors.Is(ev.HandlerErr, errBoom), "HandlerErr %v", ev.HandlerErr)
 		})
 	}
 }

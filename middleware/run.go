@@ -43,12 +43,13 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 			}
 			k.stop()
 			d.ev.HandlerDuration = time.Since(start)
-			m.finish(d, OutcomeHandlerFailed, nil, errors.New("handler panicked"))
+			d.ev.HandlerErr = errors.New("handler panicked")
+			m.finish(d, OutcomeHandlerFailed, nil, d.ev.HandlerErr)
 		}
 	}()
 	out, err := h(d.msg)
 	panicked = false
-	d.ev.HandlerDuration = time.Since(start)
+	d.ev.HandlerDuration, d.ev.HandlerErr = time.Since(start), err
 
 	if lost := k.err(); lost != nil {
 		k.stop()
@@ -104,10 +105,9 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 func (m *Idempotency) runUnprotected(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
 	start := time.Now()
 	out, err := h(d.msg)
-	d.ev.HandlerDuration = time.Since(start)
+	d.ev.HandlerDuration, d.ev.HandlerErr = time.Since(start), err
 	if err != nil {
 		d.ev.Err = errors.Join(d.ev.Err, err)
-		d.ev.handlerFailed = true
 	}
 	m.finish(d, OutcomeUnprotected, nil, nil)
 	return out, err
