@@ -126,16 +126,16 @@ type Config struct {
 	// Logger receives one log line per delivery: failures (store errors,
 	// lost leases, key errors, processed_not_recorded) at Error level, at
 	// most one a second for each outcome (a line after left-out ones
-	// carries their count as suppressed_since_last), duplicates and
-	// in-flight nacks at Debug, routine outcomes (processed, handler
-	// failed) at Trace. Once per pair, at Info, two handlers that take
-	// messages of one topic under the default namespace. Defaults to
-	// watermill.NopLogger.
+	// carries their count as suppressed_since_last); duplicates, keys in
+	// progress and cancelled deliveries at Debug; routine outcomes
+	// (processed, handler failed) at Trace. Once per pair, at Info, two
+	// handlers that take messages of one topic under the default
+	// namespace. Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 
 	// Observer is told the outcome of every delivery, for metrics and
-	// traces. Defaults to none (as does a nil pointer). [*Counters] is a ready-made one; combine
-	// several with [MultiObserver].
+	// traces. Defaults to none (as does a nil pointer). [*Counters] is a
+	// ready-made one; combine several with [MultiObserver].
 	Observer Observer
 
 	// ReplayDropMetadata lists metadata keys removed from the stored

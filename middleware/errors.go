@@ -18,7 +18,8 @@ var (
 	// ErrNoNamespace: no Config.Namespace and no handler name in the
 	// message context (the middleware was used outside a router).
 	ErrNoNamespace = errors.New("idempotency: no namespace")
-	// ErrInProgress is matched by every [*InProgressError].
+	// ErrInProgress: the key is in progress, that is, held by the live
+	// lease of another delivery. Matched by every [*InProgressError].
 	ErrInProgress = errors.New("idempotency: in progress elsewhere")
 	// ErrLeaseLost: the lease was lost while the handler ran (taken over,
 	// deleted, or not renewable before it would expire). The handler's
@@ -75,9 +76,10 @@ func IsPoison(err error) bool {
 		errors.Is(err, ErrOutputTooLarge) || errors.Is(err, backends.ErrCorruptOutput)
 }
 
-// InProgressError is returned for a duplicate whose key was still held by
-// another worker when the wait ended. The message is nacked, never acked:
-// if the holder fails, this delivery must be able to come back.
+// InProgressError is returned for a delivery whose key was still in
+// progress (held by the live lease of another delivery) when its wait
+// ended. The message is nacked, never acked: if the holder fails, this
+// delivery must be able to come back.
 type InProgressError struct {
 	// Key is the full key.
 	Key string

@@ -49,47 +49,46 @@ type delivery struct {
 	ev    Event
 }
 
+// handle takes one delivery through the state machine that
+// docs/concepts.md draws: key, lease, then run, replay, wait or nack.
 func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*message.Message, error) {
-	d := &delivery{msg: msg, ctx: context.WithoutCancel(msg.Context())}
-	d.ev.MessageUUID = msg.UUID
-	d.ev.Handler = message.HandlerNameFromCtx(msg.Context())
+	d := &delivery{msg: msg, ctx: context.WithoutCancel(msg.Context()), owner: newOwner()}
+	d.ev.MessageUUID, d.ev.Handler = msg.UUID, message.HandlerNameFromCtx(msg.Context())
 	m.warnSharedTopic(msg, d.ev.Handler)
 
+	// No usable key: reject, or run unprotected (OnKeyError).
 	key, err := m.key(msg, d.ev.Handler)
 	if err != nil {
 		if m.cfg.OnKeyError == KeyErrorRunUnprotected {
-			d.ev.Err = err
-			return m.runUnprotected(d, h)
+			return m.runUnprotected(d, h, err)
 		}
 		return m.finish(d, OutcomeKeyError, nil, err)
 	}
-	d.key, d.ev.Key = key, key
-	d.owner, d.fp = newOwner(), m.fingerprint(msg)
+	d.key, d.ev.Key, d.fp = key, key, m.fingerprint(msg)
 
+	// Take the lease, or learn that the key is completed or in progress.
 	res, sentAt, err := m.acquire(d)
-	if err != nil && d.msg.Context().Err() != nil {
-		// Cancelled (the router is closing) while waiting for a slot.
-		return m.finish(d, OutcomeInProgress, nil, err)
+	switch {
+	case err != nil && msg.Context().Err() != nil: // the router is closing
+		return m.finish(d, OutcomeCanceled, nil, err)
+	case err != nil && m.cfg.OnStoreError == StoreErrorRunUnprotected:
+		return m.runUnprotected(d, h, fmt.Errorf("%w: acquire %q: %w", ErrStore, key, err))
+	case err != nil:
+		return m.storeError(d, fmt.Errorf("%w: acquire %q: %w", ErrStore, key, err))
 	}
-	if err != nil {
-		err = fmt.Errorf("%w: acquire %q: %w", ErrStore, key, err)
-		if m.cfg.OnStoreError == StoreErrorRunUnprotected {
-			d.ev.Err = err
-			return m.runUnprotected(d, h)
-		}
-		return m.storeError(d, err)
-	}
+
+	// In progress: wait until the holder completes or gives the key up.
 	if res.Status == backends.InProgress && !m.mismatch(d, res) {
 		res, sentAt, err = m.waitForHolder(d, res)
-		if err != nil && d.msg.Context().Err() != nil {
-			// The delivery was cancelled (the router is closing) while the
-			// key was still held elsewhere.
-			return m.finish(d, OutcomeInProgress, nil, err)
-		}
-		if err != nil {
+		switch {
+		case err != nil && msg.Context().Err() != nil:
+			return m.finish(d, OutcomeCanceled, nil, err)
+		case err != nil:
 			return m.storeError(d, err)
 		}
 	}
+
+	// Another payload under this key: reject, or go on (OnFingerprintMismatch).
 	if m.mismatch(d, res) && m.cfg.OnFingerprintMismatch == MismatchReject {
 		if res.Status == backends.Acquired {
 			m.release(d, nil, res.Lease)
@@ -98,21 +97,11 @@ func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*me
 	}
 
 	switch res.Status {
-	case backends.Acquired:
+	case backends.Acquired: // run the handler under the lease, then complete or release
 		return m.run(d, h, res.Lease, sentAt)
-	case backends.Completed:
-		out, err := backends.DecodeOutput(res.Output)
-		if err != nil {
-			return m.storeError(d, fmt.Errorf("key %q: %w", key, err))
-		}
-		d.ev.Replayed = len(out)
-		for _, r := range out {
-			for _, k := range m.cfg.ReplayDropMetadata {
-				delete(r.Metadata, k)
-			}
-		}
-		return m.finish(d, OutcomeDuplicate, out, nil)
-	default:
+	case backends.Completed: // a duplicate: ack, replaying the stored output
+		return m.replay(d, res.Output)
+	default: // still in progress after the wait: nack, never ack
 		return m.finish(d, OutcomeInProgress, nil, &InProgressError{Key: key, Remaining: res.Remaining, Waited: d.ev.Waited})
 	}
 }

@@ -542,7 +542,7 @@ func TestMessageContextCancelledWhileWaiting(t *testing.T) {
 	_, err = m.Middleware(ok)(msg)
 	require.ErrorIs(t, err, context.Canceled)
 	require.NotErrorIs(t, err, middleware.ErrInProgress)
-	require.EqualValues(t, 1, counters.Count(middleware.OutcomeInProgress), "still in progress elsewhere, not a store error")
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeCanceled), "cancelled, not a store error")
 }
 
 func TestNewRejectsInvalidConfig(t *testing.T) {

@@ -29,8 +29,10 @@ const (
 	// OutcomeDuplicate: the key was already completed; the handler did not
 	// run, the stored output was replayed, and the message is acked.
 	OutcomeDuplicate
-	// OutcomeInProgress: another worker still held the key after the wait;
-	// the message is nacked.
+	// OutcomeInProgress: the key was still in progress when the wait
+	// ended (Timing.InProgressWait): the live lease of another delivery
+	// held it. The message is nacked with an [*InProgressError], never
+	// acked, so that it comes back if the holder fails.
 	OutcomeInProgress
 	// OutcomeLeaseLost: the lease was lost while the handler ran; the
 	// message is nacked and its output dropped.
@@ -49,6 +51,10 @@ const (
 	// OutcomeUnprotected: the handler ran without a lease, because of
 	// KeyErrorRunUnprotected or StoreErrorRunUnprotected. Err says why.
 	OutcomeUnprotected
+	// OutcomeCanceled: the delivery's context was cancelled (the router is
+	// closing) before the middleware could take a lease or see the key's
+	// holder finish; the handler did not run and the message is nacked.
+	OutcomeCanceled
 
 	numOutcomes = iota
 )
@@ -65,6 +71,7 @@ var outcomeNames = [numOutcomes + 1]string{
 	OutcomeOutputTooLarge:       "output_too_large",
 	OutcomeStoreError:           "store_error",
 	OutcomeUnprotected:          "unprotected",
+	OutcomeCanceled:             "canceled",
 }
 
 // Outcomes lists every outcome, in order.

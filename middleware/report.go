@@ -61,7 +61,7 @@ func (m *Idempotency) log(d *delivery) {
 	case OutcomeProcessed, OutcomeHandlerFailed:
 		// Routine; the router logs handler errors itself.
 		m.cfg.Logger.Trace("idempotency: "+o.String(), f)
-	case OutcomeDuplicate, OutcomeInProgress:
+	case OutcomeDuplicate, OutcomeInProgress, OutcomeCanceled:
 		m.cfg.Logger.Debug("idempotency: "+o.String(), f)
 	default:
 		if m.logs.allow(o, time.Now(), f) {

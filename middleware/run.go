@@ -101,8 +101,9 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 }
 
 // runUnprotected runs the handler without a lease (KeyErrorRunUnprotected,
-// StoreErrorRunUnprotected).
-func (m *Idempotency) runUnprotected(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
+// StoreErrorRunUnprotected); why is the error that left no lease.
+func (m *Idempotency) runUnprotected(d *delivery, h message.HandlerFunc, why error) ([]*message.Message, error) {
+	d.ev.Err = why
 	start := time.Now()
 	out, err := h(d.msg)
 	d.ev.HandlerDuration, d.ev.HandlerErr = time.Since(start), err
@@ -111,4 +112,21 @@ func (m *Idempotency) runUnprotected(d *delivery, h message.HandlerFunc) ([]*mes
 	}
 	m.finish(d, OutcomeUnprotected, nil, nil)
 	return out, err
+}
+
+// replay answers a duplicate of a completed key: the handler does not run,
+// and the output stored with the completion is returned for the router to
+// publish again.
+func (m *Idempotency) replay(d *delivery, output []byte) ([]*message.Message, error) {
+	out, err := backends.DecodeOutput(output)
+	if err != nil {
+		return m.storeError(d, fmt.Errorf("key %q: %w", d.key, err))
+	}
+	d.ev.Replayed = len(out)
+	for _, r := range out {
+		for _, k := range m.cfg.ReplayDropMetadata {
+			delete(r.Metadata, k)
+		}
+	}
+	return m.finish(d, OutcomeDuplicate, out, nil)
 }

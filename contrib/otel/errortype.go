@@ -31,7 +31,8 @@ const (
 	ErrorCanceled = "canceled"
 	// ErrorKey: the message had no usable key (middleware.ErrInvalidKey).
 	ErrorKey = "key_error"
-	// ErrorInProgress: another worker still held the key (middleware.ErrInProgress).
+	// ErrorInProgress: the key was in progress, held by the live lease of
+	// another delivery (middleware.ErrInProgress).
 	ErrorInProgress = "in_progress"
 	// ErrorFingerprintMismatch: the key's record is for another payload.
 	ErrorFingerprintMismatch = "fingerprint_mismatch"
