@@ -15,11 +15,19 @@ import (
 // Defaults applied by [New] to zero-valued [Config] fields; [Timing] has
 // its own.
 const (
-	DefaultLeaseTTL              = 30 * time.Second
-	DefaultRetention             = 24 * time.Hour
+	// DefaultLeaseTTL is the default of Config.LeaseTTL.
+	DefaultLeaseTTL = 30 * time.Second
+	// DefaultRetention is the default of Config.Retention.
+	DefaultRetention = 24 * time.Hour
+	// DefaultMaxConcurrentAcquires is the default of
+	// Config.MaxConcurrentAcquires for a store that does not report its
+	// pool size (backends.PoolSizer).
 	DefaultMaxConcurrentAcquires = 8
-	DefaultMaxKeyBytes           = 512
-	DefaultMaxOutputBytes        = 1 << 20
+	// DefaultMaxKeyBytes is the default of Config.MaxKeyBytes.
+	DefaultMaxKeyBytes = 512
+	// DefaultMaxOutputBytes is the default of Config.MaxOutputBytes for a
+	// store without a lower limit of its own (backends.OutputLimiter).
+	DefaultMaxOutputBytes = 1 << 20
 
 	// MinLeaseTTL is the shortest lease TTL [New] accepts. The lease is
 	// renewed every third of its TTL, and stores keep time in milliseconds.

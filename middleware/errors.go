@@ -39,8 +39,11 @@ var (
 // matches [ErrInvalidKey] and the cause (a keyfunc error, [ErrKeyTooLong]
 // or [ErrNoNamespace]) under [errors.Is].
 type KeyError struct {
+	// MessageUUID is the UUID of the message without a usable key.
 	MessageUUID string
-	Err         error
+	// Err is the cause: the extractor's error, [ErrKeyTooLong] or
+	// [ErrNoNamespace].
+	Err error
 }
 
 // Error implements error.

@@ -103,17 +103,20 @@ func (o Outcome) Acked() bool {
 
 // Event describes one delivery's outcome. Fields that do not apply are zero.
 type Event struct {
+	// Outcome is what the middleware did with the delivery.
 	Outcome Outcome
 	// Handler is the name of the router handler the delivery came
 	// through, empty outside a router.
 	Handler string
 	// Key is the full key (empty for OutcomeKeyError).
-	Key         string
+	Key string
+	// MessageUUID is the delivered message's UUID.
 	MessageUUID string
 	// Lease is the lease the handler ran under, if any. Lease.Takeover
 	// tells a takeover of a crashed holder's lease.
 	Lease backends.Lease
-	// Waited is how long the delivery waited for another holder.
+	// Waited is how long the delivery waited while its key was in
+	// progress.
 	Waited time.Duration
 	// HandlerDuration is how long the handler ran, if it ran.
 	HandlerDuration time.Duration
@@ -213,7 +216,7 @@ func (c *Counters) Count(o Outcome) int64 {
 // Takeovers returns how many deliveries took over an expired lease.
 func (c *Counters) Takeovers() int64 { return c.takeovers.Load() }
 
-// Waited returns how many deliveries waited for another holder.
+// Waited returns how many deliveries waited while their key was in progress.
 func (c *Counters) Waited() int64 { return c.waited.Load() }
 
 // Snapshot returns every non-zero outcome count by name.

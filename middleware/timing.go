@@ -8,17 +8,25 @@ import (
 
 // Defaults of [Timing], applied by [New] to its zero fields.
 const (
-	DefaultStoreTimeout         = 5 * time.Second
-	DefaultPollInitial          = 50 * time.Millisecond
-	DefaultPollMax              = time.Second
-	DefaultStoreBackoffInitial  = 10 * time.Millisecond
-	DefaultStoreBackoffMax      = 2 * time.Second
-	DefaultPoisonBackoffInitial = 100 * time.Millisecond
-	DefaultPoisonBackoffMax     = 2 * time.Second
-
+	// DefaultStoreTimeout is the default of Timing.StoreTimeout.
+	DefaultStoreTimeout = 5 * time.Second
+	// DefaultPollInitial is the default of Timing.Poll.Initial.
+	DefaultPollInitial = 50 * time.Millisecond
+	// DefaultPollMax is the default of Timing.Poll.Max.
+	DefaultPollMax = time.Second
 	// DefaultWatchedPollFactor × Poll.Max is the default of
 	// Timing.WatchedPoll: 10 s with the default Poll.
 	DefaultWatchedPollFactor = 10
+	// DefaultStoreBackoffInitial is the default of
+	// Timing.StoreBackoff.Initial.
+	DefaultStoreBackoffInitial = 10 * time.Millisecond
+	// DefaultStoreBackoffMax is the default of Timing.StoreBackoff.Max.
+	DefaultStoreBackoffMax = 2 * time.Second
+	// DefaultPoisonBackoffInitial is the default of
+	// Timing.PoisonBackoff.Initial.
+	DefaultPoisonBackoffInitial = 100 * time.Millisecond
+	// DefaultPoisonBackoffMax is the default of Timing.PoisonBackoff.Max.
+	DefaultPoisonBackoffMax = 2 * time.Second
 )
 
 // Timing holds every wait, timeout and pause of the middleware, apart from
