@@ -72,7 +72,8 @@ type Timing struct {
 	//   - While the store fails, Acquire calls become probes, one at a time
 	//     however many deliveries wait: after the n-th round of failures
 	//     (calls in flight together count as one round) the next probe
-	//     waits StoreBackoff's n-th pause. The first success ends it.
+	//     waits StoreBackoff.Pause(n-1), jittered: 10 ms, 20 ms, 40 ms …
+	//     The first success ends it.
 	//   - A delivery that failed on the store waits half to all of
 	//     StoreBackoff.Max, at random, before its nack, so that a broker
 	//     that redelivers a nack at once (GoChannel, AMQP, Redis Streams,
@@ -87,7 +88,8 @@ type Timing struct {
 	// ([IsPoison]: no usable key, a fingerprint mismatch, an output too
 	// large to store): its first failure is nacked at once, so that a
 	// poison queue takes it without delay; the n-th time the same message
-	// (by UUID) fails so again, its nack waits PoisonBackoff's n-th pause.
+	// (by UUID) fails so again, its nack waits PoisonBackoff.Pause(n-1),
+	// jittered: 100 ms, 200 ms, 400 ms …
 	// A broker that redelivers a nack at once then brings it back about
 	// once per PoisonBackoff.Max, not as fast as it can. A message's
 	// failures are remembered for 10 × PoisonBackoff.Max after its last,
