@@ -76,6 +76,13 @@
 // ([LeaseFromContext]) so systems the handler writes to can reject writes
 // from a stale holder.
 //
+// # Policies
+//
+// A policy decides what happens to a delivery the middleware cannot
+// protect as usual: [Config.OnKeyError], [Config.OnFingerprintMismatch],
+// [Config.OnStoreError]. Each is an enum whose zero value rejects (a typed
+// error, so the router nacks the message); the other value is opt-in.
+//
 // # Waits and pauses
 //
 // Every wait, timeout and pause is a field of [Timing], with its default;

@@ -1,9 +1,7 @@
 package middleware
 
-// A policy decides what the middleware does with a delivery it cannot
-// protect as usual. Every policy has the same shape: an enum whose zero
-// value, Reject, returns a typed error so that the router nacks the
-// message; the other values are opt-in.
+// Every policy has the same shape (see the package doc, Policies): an
+// enum whose zero value rejects.
 
 // KeyErrorPolicy decides what happens to a message without a usable key:
 // the extractor found none, or the full key is longer than
