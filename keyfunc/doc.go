@@ -1,4 +1,5 @@
-// Package keyfunc extracts idempotency keys from Watermill messages.
+// Package keyfunc extracts idempotency keys, and payload fingerprints,
+// from Watermill messages.
 //
 // An [Extractor] returns the key that identifies a message's unit of work:
 // two deliveries with the same key are the same work, and the middleware
@@ -12,6 +13,14 @@
 //     Idempotency-Key header).
 //   - [PayloadHash]: identical payloads are the same work.
 //   - [First], [Composite], [Hashed] and [Func] combine these or bring your own.
+//
+// # Fingerprints
+//
+// The middleware's Config.Fingerprint takes an extractor too: what it
+// extracts identifies the content of the work, so that a key reused for a
+// different payload is refused instead of dropped as a duplicate.
+// [PayloadHash] fingerprints the whole payload; [JSONField] or [Composite]
+// the fields that must agree.
 //
 // # Errors
 //

@@ -147,7 +147,9 @@ func (j jsonExtractor) Key(msg *message.Message) (string, error) {
 }
 
 // PayloadHash returns an extractor that uses the hex SHA-256 of the
-// payload (64 characters). An empty payload is [ErrNoKey]: every empty
+// payload (64 characters): as a key, identical payloads are the same work;
+// as the middleware's Config.Fingerprint, a key reused for another payload
+// is told from a duplicate. An empty payload is [ErrNoKey]: every empty
 // message would otherwise be the same work.
 func PayloadHash() Extractor { return payloadHashExtractor{} }
 

@@ -1,70 +1,38 @@
 package middleware
 
 import (
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/storekit"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 )
 
-// Defaults applied by [New] to zero-valued [Config] fields.
+// Defaults applied by [New] to zero-valued [Config] fields; [Timing] has
+// its own.
 const (
-	DefaultLeaseTTL        = 30 * time.Second
-	DefaultRetention       = 24 * time.Hour
-	DefaultPollInterval    = 50 * time.Millisecond
-	DefaultMaxPollInterval = time.Second
-	DefaultStoreTimeout    = 5 * time.Second
-	DefaultMaxKeyBytes     = 512
-	DefaultMaxOutputBytes  = 1 << 20
-
+	// DefaultLeaseTTL is the default of Config.LeaseTTL.
+	DefaultLeaseTTL = 30 * time.Second
+	// DefaultRetention is the default of Config.Retention.
+	DefaultRetention = 24 * time.Hour
+	// DefaultMaxConcurrentAcquires is the default of
+	// Config.MaxConcurrentAcquires for a store that does not report its
+	// pool size (backends.PoolSizer).
 	DefaultMaxConcurrentAcquires = 8
-	DefaultMaxStoreBackoff       = 2 * time.Second
+	// DefaultMaxKeyBytes is the default of Config.MaxKeyBytes.
+	DefaultMaxKeyBytes = 512
+	// DefaultMaxOutputBytes is the default of Config.MaxOutputBytes for a
+	// store without a lower limit of its own (backends.OutputLimiter).
+	DefaultMaxOutputBytes = 1 << 20
 
 	// MinLeaseTTL is the shortest lease TTL [New] accepts. The lease is
 	// renewed every third of its TTL, and stores keep time in milliseconds.
 	MinLeaseTTL = 10 * time.Millisecond
 )
-
-// KeyErrorPolicy decides what happens to a message whose key cannot be
-// extracted, or is too long.
-type KeyErrorPolicy int
-
-const (
-	// KeyErrorReject returns a [*KeyError] from the handler, so the message
-	// is nacked. Route it to a poison queue with [IsKeyError]. The default.
-	KeyErrorReject KeyErrorPolicy = iota
-	// KeyErrorProcess runs the handler without idempotency protection and
-	// reports [OutcomeUnprotected].
-	KeyErrorProcess
-)
-
-// MismatchPolicy decides what happens when a message's fingerprint differs
-// from the one its key's record was first acquired with: the same key was
-// used for a different payload.
-type MismatchPolicy int
-
-const (
-	// MismatchReject returns an error wrapping [ErrFingerprintMismatch]
-	// without running the handler. The default.
-	MismatchReject MismatchPolicy = iota
-	// MismatchIgnore treats the message as any other delivery of its key
-	// and reports the mismatch only in the [Event].
-	MismatchIgnore
-)
-
-// PayloadFingerprint is a [Config.Fingerprint] function: the SHA-256 of the
-// payload.
-func PayloadFingerprint(msg *message.Message) []byte {
-	sum := sha256.Sum256(msg.Payload)
-	return sum[:]
-}
 
 // Config configures the middleware. Only Store is required; [New] fills
 // the other zero fields with defaults in its own copy.
@@ -87,11 +55,14 @@ type Config struct {
 	Namespace string
 
 	// LeaseTTL is how long a processing lease lasts unless renewed. While
-	// the handler runs, the lease is renewed every LeaseTTL/3; a crashed
-	// worker's lease is taken over LeaseTTL after its last renewal. Set it
-	// near the broker's redelivery delay (the SQS visibility timeout, the
-	// Redis Streams MaxIdleTime). At least MinLeaseTTL.
-	// Defaults to 30 seconds.
+	// the handler runs, and while its completion or release is recorded,
+	// the lease is renewed every LeaseTTL/3, and a failed renewal is tried
+	// again every LeaseTTL/10. The lease counts as lost, and the handler's
+	// context is cancelled, when it could not be renewed until LeaseTTL/10
+	// (the margin) before it would run out. A crashed worker's lease is
+	// taken over LeaseTTL after its last renewal. Set it near the broker's
+	// redelivery delay (the SQS visibility timeout, the Redis Streams
+	// MaxIdleTime). At least MinLeaseTTL. Defaults to 30 seconds.
 	LeaseTTL time.Duration
 
 	// Retention is how long a completed key is remembered, so duplicates
@@ -99,32 +70,11 @@ type Config struct {
 	// as long, so fencing tokens keep counting up. Defaults to 24 hours.
 	Retention time.Duration
 
-	// InProgressWait bounds how long a duplicate waits for another worker
-	// that holds the key's lease. If the holder completes, the duplicate is
-	// acked; if it fails or its lease runs out, the duplicate takes over;
-	// if it still holds the lease when the wait ends, the duplicate is
-	// nacked with an [*InProgressError]. Negative means do not wait.
-	// Defaults to the holder's remaining lease (at most LeaseTTL).
-	InProgressWait time.Duration
-
-	// PollInterval is the first pause between two looks at the store while
-	// waiting for a holder; each later pause doubles, up to
-	// MaxPollInterval, with jitter. A store that wakes waiters
-	// (backends.Watcher: redisstore, pgstore, memstore) is watched
-	// instead, and looked at when woken, when the holder's lease runs out
-	// and every 10 × MaxPollInterval as a safety net. Defaults to 50
-	// milliseconds.
-	PollInterval time.Duration
-
-	// MaxPollInterval caps the pause between two looks at the store while
-	// waiting. Defaults to 1 second.
-	MaxPollInterval time.Duration
-
-	// StoreTimeout bounds each store call: an Acquire with its retries
-	// (not counting the wait for a slot, see MaxConcurrentAcquires), and
-	// each attempt at a Complete or Release. Renewals are bounded by the
-	// lease instead. Defaults to 5 seconds.
-	StoreTimeout time.Duration
+	// Timing holds every wait, timeout and pause: how long a delivery
+	// waits for the holder of its key, how often it looks at the store
+	// meanwhile, how long a store call may take, and how calls are spaced
+	// after failures. Each zero field takes its default (see [Timing]).
+	Timing Timing
 
 	// MaxConcurrentAcquires bounds the Acquire calls this middleware has
 	// in flight at once; further deliveries wait for a slot in arrival
@@ -137,19 +87,6 @@ type Config struct {
 	// when the store reports it (backends.PoolSizer: redisstore and
 	// pgstore do), otherwise 8.
 	MaxConcurrentAcquires int
-
-	// MaxStoreBackoff caps the spacing between acquisitions while the
-	// store fails (starting at 10ms and doubling with each round of
-	// failures), and is the most a delivery that failed on the store waits
-	// before it is nacked (it waits half to all of it, at random). This
-	// keeps brokers that redeliver a nack at once (GoChannel, AMQP, Redis
-	// Streams, SQL) from hammering a failing store. It also caps the pause
-	// before the nack of a message that fails for good ([IsPoison]: no key,
-	// a fingerprint mismatch, an output too large) again: its first
-	// failure is nacked at once, its n-th repeat after 100ms·2ⁿ⁻¹, so that
-	// such a message comes back about once per MaxStoreBackoff instead of
-	// as fast as the broker can redeliver it. Defaults to 2 seconds.
-	MaxStoreBackoff time.Duration
 
 	// MaxKeyBytes is the longest full key (namespace included) accepted;
 	// a longer one is a [*KeyError] wrapping [ErrKeyTooLong]. Wrap the
@@ -166,40 +103,47 @@ type Config struct {
 	// 1 MiB, or the store's limit if that is lower.
 	MaxOutputBytes int
 
-	// Fingerprint, if set, identifies a message's payload; a message whose
-	// fingerprint differs from the one its key was first seen with is
-	// handled by OnFingerprintMismatch. [PayloadFingerprint] hashes the
-	// payload. A fingerprint longer than backends.MaxFingerprintBytes
-	// (4 KiB) is stored as its SHA-256, so that any function works with
-	// every store. Defaults to nil: no fingerprints.
-	Fingerprint func(msg *message.Message) []byte
+	// Fingerprint, if set, extracts what identifies the content of a
+	// message, as Key extracts what identifies its work: the store keeps
+	// the fingerprint a key was first acquired with, and a later message
+	// with the same key and another fingerprint is a key collision, not a
+	// duplicate, handled by OnFingerprintMismatch. keyfunc.PayloadHash()
+	// fingerprints the whole payload; keyfunc.JSONField or
+	// keyfunc.Composite the fields that must agree. A fingerprint up to
+	// backends.MaxFingerprintBytes (4 KiB) is recorded as it is, a longer
+	// one as its SHA-256, so that any extractor works with every store. A
+	// message whose fingerprint cannot be extracted (keyfunc.PayloadHash
+	// of an empty payload, say) is handled without one: it is neither
+	// compared nor recorded. Defaults to nil: no fingerprints.
+	Fingerprint keyfunc.Extractor
 
-	// OnFingerprintMismatch decides what a fingerprint mismatch does.
-	// Defaults to MismatchReject.
-	OnFingerprintMismatch MismatchPolicy
-
-	// OnKeyError decides what a message without a usable key does.
+	// OnKeyError decides what happens to a message without a usable key.
 	// Defaults to KeyErrorReject.
 	OnKeyError KeyErrorPolicy
 
-	// FailOpen runs the handler without a lease when the store cannot be
-	// reached to acquire one, instead of nacking the message. Duplicates
-	// may then run concurrently and twice. Defaults to false (fail closed).
-	FailOpen bool
+	// OnFingerprintMismatch decides what happens to a message whose
+	// fingerprint differs from the one its key was first seen with.
+	// Defaults to MismatchReject.
+	OnFingerprintMismatch MismatchPolicy
+
+	// OnStoreError decides what happens to a message when the store fails
+	// before a lease could be taken. Defaults to StoreErrorReject (fail
+	// closed).
+	OnStoreError StoreErrorPolicy
 
 	// Logger receives one log line per delivery: failures (store errors,
 	// lost leases, key errors, processed_not_recorded) at Error level, at
 	// most one a second for each outcome (a line after left-out ones
-	// carries their count as suppressed_since_last), duplicates and
-	// in-flight nacks at Debug, routine outcomes (processed, handler
-	// failed) at Trace. Once per pair, at Info, two handlers that take
-	// messages of one topic under the default namespace. Defaults to
-	// watermill.NopLogger.
+	// carries their count as suppressed_since_last); duplicates, keys in
+	// progress and cancelled deliveries at Debug; routine outcomes
+	// (processed, handler failed) at Trace. Once per pair, at Info, two
+	// handlers that take messages of one topic under the default
+	// namespace. Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 
 	// Observer is told the outcome of every delivery, for metrics and
-	// traces. Defaults to none (as does a nil pointer). [*Counters] is a ready-made one; combine
-	// several with [MultiObserver].
+	// traces. Defaults to none (as does a nil pointer). [*Counters] is a
+	// ready-made one; combine several with [MultiObserver].
 	Observer Observer
 
 	// ReplayDropMetadata lists metadata keys removed from the stored
@@ -229,23 +173,12 @@ func (c Config) withDefaults() Config {
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.MaxPollInterval == 0 {
-		c.MaxPollInterval = max(DefaultMaxPollInterval, c.PollInterval)
-	}
-	if c.StoreTimeout == 0 {
-		c.StoreTimeout = DefaultStoreTimeout
-	}
+	c.Timing = c.Timing.withDefaults()
 	if c.MaxConcurrentAcquires == 0 {
 		c.MaxConcurrentAcquires = DefaultMaxConcurrentAcquires
 		if ps, ok := c.Store.(backends.PoolSizer); ok && !isNil(c.Store) && ps.PoolSize() > 0 {
 			c.MaxConcurrentAcquires = max(1, ps.PoolSize()/2)
 		}
-	}
-	if c.MaxStoreBackoff == 0 {
-		c.MaxStoreBackoff = DefaultMaxStoreBackoff
 	}
 	if c.MaxKeyBytes == 0 {
 		c.MaxKeyBytes = DefaultMaxKeyBytes
@@ -277,23 +210,17 @@ func (c Config) validate() error {
 	if err := keyfunc.Validate(c.Key); err != nil {
 		errs = append(errs, fmt.Errorf("invalid Key: %w", err))
 	}
+	if c.Fingerprint != nil {
+		if err := keyfunc.Validate(c.Fingerprint); err != nil {
+			errs = append(errs, fmt.Errorf("invalid Fingerprint: %w", err))
+		}
+	}
 	check(c.LeaseTTL >= MinLeaseTTL, "LeaseTTL must be at least %v, got %v", MinLeaseTTL, c.LeaseTTL)
 	check(c.Retention > 0, "Retention must be positive, got %v", c.Retention)
-	check(c.PollInterval > 0, "PollInterval must be positive, got %v", c.PollInterval)
-	check(c.MaxPollInterval >= c.PollInterval, "MaxPollInterval (%v) must be at least PollInterval (%v)", c.MaxPollInterval, c.PollInterval)
-	check(c.StoreTimeout > 0, "StoreTimeout must be positive, got %v", c.StoreTimeout)
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"LeaseTTL", c.LeaseTTL}, {"Retention", c.Retention}, {"InProgressWait", c.InProgressWait},
-		{"PollInterval", c.PollInterval}, {"MaxPollInterval", c.MaxPollInterval},
-		{"StoreTimeout", c.StoreTimeout}, {"MaxStoreBackoff", c.MaxStoreBackoff},
-	} {
-		check(d.v <= backends.MaxDuration, "%s must be at most %v, got %v", d.name, backends.MaxDuration, d.v)
-	}
+	check(c.LeaseTTL <= backends.MaxDuration, "LeaseTTL must be at most %v, got %v", backends.MaxDuration, c.LeaseTTL)
+	check(c.Retention <= backends.MaxDuration, "Retention must be at most %v, got %v", backends.MaxDuration, c.Retention)
+	c.Timing.validate(check)
 	check(c.MaxConcurrentAcquires > 0, "MaxConcurrentAcquires must be positive, got %d", c.MaxConcurrentAcquires)
-	check(c.MaxStoreBackoff > 0, "MaxStoreBackoff must be positive, got %v", c.MaxStoreBackoff)
 	check(c.MaxKeyBytes > 0, "MaxKeyBytes must be positive, got %d", c.MaxKeyBytes)
 	check(c.MaxKeyBytes <= backends.MaxKeyBytes, "MaxKeyBytes must be at most %d (backends.MaxKeyBytes), got %d", backends.MaxKeyBytes, c.MaxKeyBytes)
 	check(c.MaxKeyBytes > len(c.Namespace)+1, "MaxKeyBytes (%d) leaves no room for a key after Namespace %q", c.MaxKeyBytes, c.Namespace)
@@ -301,8 +228,9 @@ func (c Config) validate() error {
 	if limit := storeOutputLimit(c.Store); limit > 0 {
 		check(c.MaxOutputBytes <= limit, "MaxOutputBytes must be at most the store's limit %d (backends.OutputLimiter), got %d", limit, c.MaxOutputBytes)
 	}
-	check(c.OnKeyError == KeyErrorReject || c.OnKeyError == KeyErrorProcess, "OnKeyError: unknown policy %d", c.OnKeyError)
+	check(c.OnKeyError == KeyErrorReject || c.OnKeyError == KeyErrorRunUnprotected, "OnKeyError: unknown policy %d", c.OnKeyError)
 	check(c.OnFingerprintMismatch == MismatchReject || c.OnFingerprintMismatch == MismatchIgnore, "OnFingerprintMismatch: unknown policy %d", c.OnFingerprintMismatch)
+	check(c.OnStoreError == StoreErrorReject || c.OnStoreError == StoreErrorRunUnprotected, "OnStoreError: unknown policy %d", c.OnStoreError)
 	if len(errs) == 0 {
 		return nil
 	}

@@ -18,7 +18,8 @@ var (
 	// ErrNoNamespace: no Config.Namespace and no handler name in the
 	// message context (the middleware was used outside a router).
 	ErrNoNamespace = errors.New("idempotency: no namespace")
-	// ErrInProgress is matched by every [*InProgressError].
+	// ErrInProgress: the key is in progress, that is, held by the live
+	// lease of another delivery. Matched by every [*InProgressError].
 	ErrInProgress = errors.New("idempotency: in progress elsewhere")
 	// ErrLeaseLost: the lease was lost while the handler ran (taken over,
 	// deleted, or not renewable before it would expire). The handler's
@@ -38,8 +39,11 @@ var (
 // matches [ErrInvalidKey] and the cause (a keyfunc error, [ErrKeyTooLong]
 // or [ErrNoNamespace]) under [errors.Is].
 type KeyError struct {
+	// MessageUUID is the UUID of the message without a usable key.
 	MessageUUID string
-	Err         error
+	// Err is the cause: the extractor's error, [ErrKeyTooLong] or
+	// [ErrNoNamespace].
+	Err error
 }
 
 // Error implements error.
@@ -52,32 +56,33 @@ func (e *KeyError) Unwrap() []error { return []error{ErrInvalidKey, e.Err} }
 
 // IsPoison reports whether err means the message can never succeed as it
 // was sent, however often it is redelivered: no usable key
-// ([*KeyError]), a fingerprint mismatch, an output too large to store, a
-// corrupt stored output. Use it as the filter of Watermill's
+// ([*KeyError], matching [ErrInvalidKey]), a fingerprint mismatch
+// ([ErrFingerprintMismatch]), an output too large to store
+// ([ErrOutputTooLarge]), a corrupt stored output
+// (backends.ErrCorruptOutput). Use it as the filter of Watermill's
 // PoisonQueueWithFilter, outside this middleware, to move such messages
 // out of the way:
 //
 //	poison, err := middleware.PoisonQueueWithFilter(pub, "poison", idempotency.IsPoison)
 //
-// It is false for everything that must come back: an in-flight duplicate
+// It is false for everything that must come back: a key in progress
 // ([*InProgressError]), a store error (even one the store marks
 // permanent, such as a missing table, which an operator will fix), a lost
-// lease, and the handler's own errors. A plain PoisonQueue would ack all
-// of those: an in-flight duplicate would be acked while its holder may
-// still fail, and the message lost.
+// lease, a cancelled delivery, and the handler's own errors. A plain
+// PoisonQueue would ack all of those: a duplicate whose key is in progress
+// would be acked while its holder may still fail, and the message lost.
+//
+// To tell one kind of poison from another, match its sentinel error with
+// [errors.Is].
 func IsPoison(err error) bool {
 	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrFingerprintMismatch) ||
 		errors.Is(err, ErrOutputTooLarge) || errors.Is(err, backends.ErrCorruptOutput)
 }
 
-// IsKeyError reports whether err is a [*KeyError]. It fits
-// middleware.PoisonQueueWithFilter from Watermill, to move messages that can
-// never be processed out of the way.
-func IsKeyError(err error) bool { return errors.Is(err, ErrInvalidKey) }
-
-// InProgressError is returned for a duplicate whose key was still held by
-// another worker when the wait ended. The message is nacked, never acked:
-// if the holder fails, this delivery must be able to come back.
+// InProgressError is returned for a delivery whose key was still in
+// progress (held by the live lease of another delivery) when its wait
+// ended. The message is nacked, never acked: if the holder fails, this
+// delivery must be able to come back.
 type InProgressError struct {
 	// Key is the full key.
 	Key string

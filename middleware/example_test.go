@@ -110,10 +110,10 @@ func ExampleNew_invalidConfig() {
 // errors no redelivery can fix, false for those that must come back.
 func ExampleIsPoison() {
 	idem, _ := idempotency.New(idempotency.Config{
-		Store:          memstore.New(memstore.Options{}),
-		Key:            keyfunc.Metadata("Idempotency-Key"),
-		Namespace:      "payments",
-		InProgressWait: -1, // do not wait for the holder, to show the error at once
+		Store:     memstore.New(memstore.Options{}),
+		Key:       keyfunc.Metadata("Idempotency-Key"),
+		Namespace: "payments",
+		Timing:    idempotency.Timing{InProgressWait: -1}, // do not wait for the holder, to show the error at once
 	})
 	run := func(msg *message.Message, h message.HandlerFunc) error {
 		_, err := idem.Middleware(h)(msg)
@@ -137,18 +137,20 @@ func ExampleIsPoison() {
 	// in-flight duplicate: false true
 }
 
-// A message without a key is rejected with a typed error, which Watermill's
-// PoisonQueueWithFilter can route with IsKeyError.
-func ExampleIsKeyError() {
+// A message without a key is rejected with a *KeyError, which matches
+// ErrInvalidKey and the extractor's own error, and which IsPoison routes
+// to a poison queue.
+func ExampleKeyError() {
 	idem, _ := idempotency.New(idempotency.Config{
 		Store:     memstore.New(memstore.Options{}),
 		Key:       keyfunc.Metadata("Idempotency-Key"),
 		Namespace: "payments",
 	})
 	_, err := idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil))
-	fmt.Println(idempotency.IsKeyError(err), errors.Is(err, keyfunc.ErrNoKey))
+	var keyErr *idempotency.KeyError
+	fmt.Println(errors.As(err, &keyErr), errors.Is(err, idempotency.ErrInvalidKey), errors.Is(err, keyfunc.ErrNoKey), idempotency.IsPoison(err))
 	fmt.Println(err)
 	// Output:
-	// true true
+	// true true true true
 	// idempotency: no usable key for message m-1: keyfunc: no key: metadata "Idempotency-Key" is missing or empty
 }

@@ -8,12 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/watermill-idempotency/idempotency/backends"
 )
-
-// backoffBase is the first pause after a failed store call.
-const backoffBase = 10 * time.Millisecond
 
 // guard keeps new work from crowding out lease keeping, and a failing
 // store from being hammered.
@@ -24,14 +19,13 @@ const backoffBase = 10 * time.Millisecond
 //     client's pool larger than the bound they always find a connection,
 //     however many new deliveries arrive.
 //   - Once a call fails, acquisitions become probes: one at a time, the
-//     n-th round of consecutive failures followed by a pause of
-//     backoffBase·2ⁿ⁻¹ (jittered, at most MaxStoreBackoff) before the
-//     next, however many deliveries wait. The first call that succeeds
+//     n-th round of consecutive failures followed by the n-th pause of
+//     Timing.StoreBackoff before the next, however many deliveries wait. The first call that succeeds
 //     ends the probing. Failures of calls that were in flight together
 //     count as one round, so a burst of timeouts is one failure.
 type guard struct {
-	slots      chan struct{}
-	maxBackoff time.Duration
+	slots   chan struct{}
+	backoff Backoff
 
 	// failing mirrors failures > 0 and round mirrors the round, both
 	// written under mu, so that calls while the store is healthy take no
@@ -53,8 +47,8 @@ type ticket struct {
 	probe bool
 }
 
-func newGuard(concurrency int, maxBackoff time.Duration) *guard {
-	return &guard{slots: make(chan struct{}, concurrency), maxBackoff: maxBackoff, wake: make(chan struct{})}
+func newGuard(concurrency int, backoff Backoff) *guard {
+	return &guard{slots: make(chan struct{}, concurrency), backoff: backoff, wake: make(chan struct{})}
 }
 
 // enter takes a slot, waiting for one until ctx is done.
@@ -170,37 +164,16 @@ func (g *guard) record(t ticket, err error) {
 	}
 }
 
-// backoffLocked is the spacing for the current number of failures.
+// backoffLocked is the spacing, before jitter, after the current number
+// of failed rounds.
 func (g *guard) backoffLocked() time.Duration {
-	d := backoffBase << min(max(g.failures-1, 0), 20)
-	return min(d, g.maxBackoff)
+	return g.backoff.Pause(max(g.failures-1, 0))
 }
 
 // pause returns how long a delivery that failed on the store waits
-// before it is nacked: half to all of MaxStoreBackoff, at random. A broker
-// that redelivers at once then brings each such delivery back at most
-// about once per MaxStoreBackoff/2.
+// before it is nacked: half to all of Timing.StoreBackoff.Max, at random.
+// A broker that redelivers at once then brings each such delivery back at
+// most about once per StoreBackoff.Max/2.
 func (g *guard) pause() time.Duration {
-	return g.maxBackoff/2 + rand.N(g.maxBackoff/2+1)
+	return g.backoff.Max/2 + rand.N(g.backoff.Max/2+1)
 }
-
-// jitter returns d scaled by a random factor in [0.8, 1.2).
-func jitter(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
-}
-
-// sleepCtx sleeps for d or until ctx is done.
-func sleepCtx(ctx context.Context, d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
-}
-
-// retryable reports whether a store error may go away by itself.
-func retryable(err error) bool { return err != nil && !backends.IsPermanent(err) }

@@ -16,7 +16,7 @@ var errDown = errors.New("down")
 // Failures of calls that were in flight together count as one round;
 // a later failure counts as another; a success ends the probing.
 func TestGuardCountsRounds(t *testing.T) {
-	g := newGuard(8, time.Second)
+	g := newGuard(8, Backoff{Initial: DefaultStoreBackoffInitial, Max: time.Second})
 	ctx := context.Background()
 	var tickets []ticket
 	for range 5 {
@@ -49,7 +49,7 @@ func TestGuardCountsRounds(t *testing.T) {
 // While the store fails, however many callers wait, one probe is in
 // flight at a time.
 func TestGuardOneProbeAtATime(t *testing.T) {
-	g := newGuard(64, 20*time.Millisecond)
+	g := newGuard(64, Backoff{Initial: DefaultStoreBackoffInitial, Max: 20 * time.Millisecond})
 	tk, _ := g.admit(context.Background())
 	g.record(tk, errDown)
 
@@ -82,7 +82,7 @@ func TestGuardOneProbeAtATime(t *testing.T) {
 
 // A caller whose deadline comes before its turn is told at once.
 func TestGuardBackingOffBeforeDeadline(t *testing.T) {
-	g := newGuard(1, time.Minute)
+	g := newGuard(1, Backoff{Initial: DefaultStoreBackoffInitial, Max: time.Minute})
 	for range 20 {
 		tk, err := g.admit(context.Background())
 		require.NoError(t, err)
@@ -97,11 +97,11 @@ func TestGuardBackingOffBeforeDeadline(t *testing.T) {
 	require.ErrorIs(t, err, errBackingOff)
 	require.ErrorIs(t, err, errDown)
 	require.Less(t, time.Since(start), 30*time.Second, "without waiting for the deadline")
-	require.Equal(t, time.Minute, g.backoffLocked(), "capped at MaxStoreBackoff")
+	require.Equal(t, time.Minute, g.backoffLocked(), "capped at StoreBackoff.Max")
 }
 
 func TestGuardPauseWithinBounds(t *testing.T) {
-	g := newGuard(1, 2*time.Second)
+	g := newGuard(1, Backoff{Initial: DefaultStoreBackoffInitial, Max: 2 * time.Second})
 	for range 100 {
 		p := g.pause()
 		require.GreaterOrEqual(t, p, time.Second)

@@ -72,7 +72,7 @@ func TestAcquiresBoundedLeaseKeepingNot(t *testing.T) {
 func TestPermanentAcquireErrorFailsAtOnce(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{}),
 		acquireErr: fmt.Errorf("%w: relation \"idempotency_keys\" does not exist", backends.ErrRejected)}
-	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.StoreTimeout = time.Minute })
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.Timing.StoreTimeout = time.Minute })
 	_, err := m.Middleware(ok)(newMsg("k", "x"))
 	require.ErrorIs(t, err, middleware.ErrStore)
 	require.ErrorIs(t, err, backends.ErrRejected)
@@ -80,12 +80,12 @@ func TestPermanentAcquireErrorFailsAtOnce(t *testing.T) {
 	require.EqualValues(t, 1, counters.Count(middleware.OutcomeStoreError))
 }
 
-// A delivery that failed on the store waits half to all of MaxStoreBackoff
+// A delivery that failed on the store waits half to all of StoreBackoff.Max
 // before it is nacked.
 func TestStoreErrorPausesBeforeNack(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{}),
 		acquireErr: fmt.Errorf("%w: permission denied", backends.ErrRejected)}
-	m, _ := newMiddleware(t, store, func(c *middleware.Config) { c.MaxStoreBackoff = 400 * time.Millisecond })
+	m, _ := newMiddleware(t, store, func(c *middleware.Config) { c.Timing.StoreBackoff.Max = 400 * time.Millisecond })
 	start := time.Now()
 	_, err := m.Middleware(ok)(newMsg("k", "x"))
 	require.ErrorIs(t, err, middleware.ErrStore)
@@ -102,8 +102,8 @@ func TestStoreOutageCallsBounded(t *testing.T) {
 	const outage = 2 * time.Second
 	store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
-		c.MaxStoreBackoff = 200 * time.Millisecond
-		c.StoreTimeout = 500 * time.Millisecond
+		c.Timing.StoreBackoff.Max = 200 * time.Millisecond
+		c.Timing.StoreTimeout = 500 * time.Millisecond
 	})
 	var processed atomic.Int32
 	env := newRouter(t, func(r *message.Router, ps *gochannel.GoChannel) {

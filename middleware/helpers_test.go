@@ -136,14 +136,18 @@ func newMiddleware(t *testing.T, store backends.Store, fn func(c *middleware.Con
 	t.Helper()
 	counters := &middleware.Counters{}
 	cfg := middleware.Config{
-		Store:        store,
-		Namespace:    "test",
-		LeaseTTL:     time.Second,
-		PollInterval: 5 * time.Millisecond,
-		// Short, so that tests of store failures do not wait long before
-		// their nack; guard_test.go checks the pause itself.
-		MaxStoreBackoff: 100 * time.Millisecond,
-		Observer:        counters,
+		Store:     store,
+		Namespace: "test",
+		LeaseTTL:  time.Second,
+		Timing: middleware.Timing{
+			Poll: middleware.Backoff{Initial: 5 * time.Millisecond},
+			// Short, so that tests of store failures and of poison messages
+			// do not wait long before their nack; guard_test.go and
+			// hotloop_test.go check the pauses themselves.
+			StoreBackoff:  middleware.Backoff{Max: 100 * time.Millisecond},
+			PoisonBackoff: middleware.Backoff{Max: 100 * time.Millisecond},
+		},
+		Observer: counters,
 	}
 	if fn != nil {
 		fn(&cfg)

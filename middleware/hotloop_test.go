@@ -51,7 +51,7 @@ func (l *countingLogger) count(prefix string) (n int) {
 // The README's router, as it is, on GoChannel, which redelivers a nacked
 // message at once, meets a message without a key: it fails the same way
 // every time. Its first failure is nacked at once; each repeat pauses
-// longer, up to MaxStoreBackoff (2 s), so in 4 s it is delivered a
+// longer, up to Timing.PoisonBackoff.Max (2 s), so in 4 s it is delivered a
 // handful of times, not the hundred thousand times of a nack loop, and
 // the middleware logs it at most once a second, with the count of the
 // lines it left out.
@@ -106,7 +106,7 @@ func TestPermanentFailureDoesNotSpin(t *testing.T) {
 func TestFirstPermanentFailureIsNotPaced(t *testing.T) {
 	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
-		c.MaxStoreBackoff = time.Hour // a repeat would pause for ever
+		c.Timing.PoisonBackoff = middleware.Backoff{Initial: time.Hour} // a repeat would pause for ever
 	})
 	e := newPoisonEnv(t, m, middleware.IsPoison, func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	for i := range 50 {

@@ -10,6 +10,17 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 )
 
+// The lease keeper's rhythm, in fractions of the lease TTL (documented at
+// Config.LeaseTTL).
+const (
+	// renewEvery: the lease is renewed every TTL/renewEvery.
+	renewEvery = 3
+	// leaseMargin: the lease counts as lost TTL/leaseMargin before the
+	// local deadline, and a failed renewal is tried again every
+	// TTL/leaseMargin.
+	leaseMargin = 10
+)
+
 // keeper renews a lease every ttl/3 while the handler runs. It keeps a
 // local deadline by which the lease is certainly still held: the time the
 // last successful Acquire or Renew was sent, plus the TTL. The server set
@@ -48,14 +59,14 @@ func startKeeper(base context.Context, store backends.Store, lease backends.Leas
 		store:    store,
 		lease:    lease,
 		ttl:      ttl,
-		margin:   ttl / 10,
+		margin:   ttl / leaseMargin,
 		timeout:  timeout,
 		cancel:   cancel,
 		base:     base,
 		deadline: sentAt.Add(ttl),
 	}
 	k.mu.Lock()
-	k.timer = time.AfterFunc(ttl/3, k.tick)
+	k.timer = time.AfterFunc(ttl/renewEvery, k.tick)
 	k.mu.Unlock()
 	return k
 }
@@ -89,14 +100,14 @@ func (k *keeper) tick() {
 	switch {
 	case err == nil:
 		k.deadline = sent.Add(k.ttl)
-		k.timer.Reset(k.ttl / 3)
+		k.timer.Reset(k.ttl / renewEvery)
 	case errors.Is(err, backends.ErrLeaseLost):
 		k.lose(fmt.Errorf("%w: %w", ErrLeaseLost, err))
 	case !time.Now().Before(cutoff):
 		k.lose(fmt.Errorf("%w: not renewed before it would expire: %w", ErrLeaseLost, err))
 	default:
 		// A transient failure: try again soon, while the lease still holds.
-		k.timer.Reset(min(k.ttl/10, time.Until(cutoff)))
+		k.timer.Reset(min(k.ttl/leaseMargin, time.Until(cutoff)))
 	}
 }
 

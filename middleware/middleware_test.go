@@ -69,7 +69,7 @@ func TestConcurrentDeliveriesNeverAckedWhileRunning(t *testing.T) {
 
 func TestInProgressAfterWaitIsNacked(t *testing.T) {
 	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
-		c.InProgressWait = 30 * time.Millisecond
+		c.Timing.InProgressWait = 30 * time.Millisecond
 	})
 	release := make(chan struct{})
 	var runs atomic.Int32
@@ -91,7 +91,7 @@ func TestInProgressAfterWaitIsNacked(t *testing.T) {
 
 func TestNegativeWaitNacksAtOnce(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{})}
-	m, _ := newMiddleware(t, store, func(c *middleware.Config) { c.InProgressWait = -1 })
+	m, _ := newMiddleware(t, store, func(c *middleware.Config) { c.Timing.InProgressWait = -1 })
 	_, err := store.Store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "other", LeaseTTL: time.Minute, Retention: time.Minute})
 	require.NoError(t, err)
 	before := store.acquires.Load()
@@ -240,7 +240,7 @@ func TestRenewalKeepsLongHandlerLease(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{})}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.LeaseTTL = 300 * time.Millisecond // renewed every 100ms, with a 30ms margin
-		c.InProgressWait = -1
+		c.Timing.InProgressWait = -1
 	})
 	release := make(chan struct{})
 	done := make(chan error)
@@ -258,7 +258,7 @@ func TestRenewalKeepsLongHandlerLease(t *testing.T) {
 
 func TestStoreDownFailsClosed(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
-	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.StoreTimeout = 50 * time.Millisecond })
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.Timing.StoreTimeout = 50 * time.Millisecond })
 	var runs atomic.Int32
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil })(newMsg("k", "x"))
 	require.ErrorIs(t, err, middleware.ErrStore)
@@ -267,11 +267,11 @@ func TestStoreDownFailsClosed(t *testing.T) {
 	require.Greater(t, store.acquires.Load(), int64(1), "retried within StoreTimeout")
 }
 
-func TestStoreDownFailOpen(t *testing.T) {
+func TestStoreDownRunUnprotected(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
-		c.StoreTimeout = 50 * time.Millisecond
-		c.FailOpen = true
+		c.Timing.StoreTimeout = 50 * time.Millisecond
+		c.OnStoreError = middleware.StoreErrorRunUnprotected
 	})
 	var runs atomic.Int32
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil })(newMsg("k", "x"))
@@ -322,7 +322,8 @@ func TestKeyErrors(t *testing.T) {
 			var ke *middleware.KeyError
 			require.ErrorAs(t, err, &ke)
 			require.Equal(t, tc.msg.UUID, ke.MessageUUID)
-			require.True(t, middleware.IsKeyError(err))
+			require.ErrorIs(t, err, middleware.ErrInvalidKey)
+			require.True(t, middleware.IsPoison(err))
 			if tc.want != nil {
 				require.ErrorIs(t, err, tc.want)
 			}
@@ -332,10 +333,10 @@ func TestKeyErrors(t *testing.T) {
 	require.Zero(t, runs.Load(), "the handler never ran for a message without a key")
 }
 
-func TestKeyErrorProcessPolicy(t *testing.T) {
+func TestKeyErrorRunUnprotectedPolicy(t *testing.T) {
 	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
-		c.OnKeyError = middleware.KeyErrorProcess
+		c.OnKeyError = middleware.KeyErrorRunUnprotected
 	})
 	var runs atomic.Int32
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil })(newMsg("u", "x"))
@@ -348,7 +349,7 @@ func TestFingerprintMismatch(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
-		c.Fingerprint = middleware.PayloadFingerprint
+		c.Fingerprint = keyfunc.PayloadHash()
 	})
 	withKey := func(payload string) *message.Message {
 		msg := newMsg("u-"+payload, payload)
@@ -391,7 +392,31 @@ func TestFingerprintMismatch(t *testing.T) {
 	require.Equal(t, backends.StateReleased, rec.State, "the mismatching delivery gave the key back")
 }
 
-// A fingerprint function may return anything, the payload itself
+// A message whose fingerprint cannot be extracted (keyfunc.PayloadHash of
+// an empty payload) is handled without one: its record keeps none, and a
+// later message under its key is not compared with it.
+func TestFingerprintNotExtractedIsNotCompared(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
+		c.Key = keyfunc.Metadata("k")
+		c.Fingerprint = keyfunc.PayloadHash()
+	})
+	deliver := func(payload string) error {
+		msg := newMsg("u-"+payload, payload)
+		msg.Metadata.Set("k", "order-1")
+		_, err := m.Middleware(ok)(msg)
+		return err
+	}
+	require.NoError(t, deliver(""))
+	rec, err := store.Inspect(context.Background(), "test:order-1")
+	require.NoError(t, err)
+	require.Nil(t, rec.Fingerprint)
+	require.NoError(t, deliver("x"), "not compared: a duplicate")
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeProcessed))
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeDuplicate))
+}
+
+// A fingerprint extractor may return anything, the payload itself
 // included: one over backends.MaxFingerprintBytes is stored as its SHA-256,
 // so a 70 KiB message is processed once, its duplicate dropped and another
 // payload under its key refused, on every store alike.
@@ -399,7 +424,7 @@ func TestLongFingerprintIsHashed(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
-		c.Fingerprint = func(msg *message.Message) []byte { return msg.Payload }
+		c.Fingerprint = keyfunc.Func(func(msg *message.Message) (string, error) { return string(msg.Payload), nil })
 	})
 	withKey := func(fill byte) *message.Message {
 		msg := newMsg(watermill.NewUUID(), string(bytes.Repeat([]byte{fill}, 70<<10)))
@@ -427,7 +452,7 @@ func TestFingerprintMismatchIgnorePolicy(t *testing.T) {
 	var mu sync.Mutex
 	m, _ := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
-		c.Fingerprint = middleware.PayloadFingerprint
+		c.Fingerprint = keyfunc.PayloadHash()
 		c.OnFingerprintMismatch = middleware.MismatchIgnore
 		c.Observer = middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) {
 			mu.Lock()
@@ -517,7 +542,7 @@ func TestMessageContextCancelledWhileWaiting(t *testing.T) {
 	_, err = m.Middleware(ok)(msg)
 	require.ErrorIs(t, err, context.Canceled)
 	require.NotErrorIs(t, err, middleware.ErrInProgress)
-	require.EqualValues(t, 1, counters.Count(middleware.OutcomeInProgress), "still in progress elsewhere, not a store error")
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeCanceled), "cancelled, not a store error")
 }
 
 func TestNewRejectsInvalidConfig(t *testing.T) {
@@ -525,25 +550,29 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 	tests := map[string]middleware.Config{
 		"no store":              {},
 		"bad extractor":         {Store: store, Key: keyfunc.JSONField()},
+		"bad fingerprint":       {Store: store, Fingerprint: keyfunc.JSONField()},
 		"negative lease":        {Store: store, LeaseTTL: -time.Second},
 		"lease too short":       {Store: store, LeaseTTL: time.Millisecond},
 		"negative retention":    {Store: store, Retention: -time.Hour},
-		"negative poll":         {Store: store, PollInterval: -1},
-		"max poll below poll":   {Store: store, PollInterval: time.Second, MaxPollInterval: time.Millisecond},
-		"negative timeout":      {Store: store, StoreTimeout: -1},
+		"negative poll":         {Store: store, Timing: middleware.Timing{Poll: middleware.Backoff{Initial: -1}}},
+		"max poll below poll":   {Store: store, Timing: middleware.Timing{Poll: middleware.Backoff{Initial: time.Second, Max: time.Millisecond}}},
+		"negative timeout":      {Store: store, Timing: middleware.Timing{StoreTimeout: -1}},
 		"negative max key":      {Store: store, MaxKeyBytes: -1},
 		"namespace fills key":   {Store: store, Namespace: "abcdef", MaxKeyBytes: 7},
 		"negative max output":   {Store: store, MaxOutputBytes: -1},
 		"unknown key policy":    {Store: store, OnKeyError: 7},
 		"unknown mismatch pol.": {Store: store, OnFingerprintMismatch: 7},
+		"unknown store policy":  {Store: store, OnStoreError: 7},
 		"typed-nil store":       {Store: (*memstore.Store)(nil)},
 		"lease near overflow":   {Store: store, LeaseTTL: math.MaxInt64},
 		"retention over max":    {Store: store, Retention: backends.MaxDuration + 1},
-		"wait over max":         {Store: store, InProgressWait: math.MaxInt64},
-		"timeout over max":      {Store: store, StoreTimeout: math.MaxInt64},
+		"wait over max":         {Store: store, Timing: middleware.Timing{InProgressWait: math.MaxInt64}},
+		"timeout over max":      {Store: store, Timing: middleware.Timing{StoreTimeout: math.MaxInt64}},
 		"key over store limit":  {Store: store, MaxKeyBytes: backends.MaxKeyBytes + 1},
 		"negative acquires":     {Store: store, MaxConcurrentAcquires: -1},
-		"negative backoff":      {Store: store, MaxStoreBackoff: -1},
+		"negative backoff":      {Store: store, Timing: middleware.Timing{StoreBackoff: middleware.Backoff{Max: -1}}},
+		"negative poison pause": {Store: store, Timing: middleware.Timing{PoisonBackoff: middleware.Backoff{Initial: -1}}},
+		"negative watched poll": {Store: store, Timing: middleware.Timing{WatchedPoll: -1}},
 	}
 	for name, cfg := range tests {
 		m, err := middleware.New(cfg)

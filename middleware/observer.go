@@ -29,8 +29,10 @@ const (
 	// OutcomeDuplicate: the key was already completed; the handler did not
 	// run, the stored output was replayed, and the message is acked.
 	OutcomeDuplicate
-	// OutcomeInProgress: another worker still held the key after the wait;
-	// the message is nacked.
+	// OutcomeInProgress: the key was still in progress when the wait
+	// ended (Timing.InProgressWait): the live lease of another delivery
+	// held it. The message is nacked with an [*InProgressError], never
+	// acked, so that it comes back if the holder fails.
 	OutcomeInProgress
 	// OutcomeLeaseLost: the lease was lost while the handler ran; the
 	// message is nacked and its output dropped.
@@ -44,11 +46,15 @@ const (
 	OutcomeOutputTooLarge
 	// OutcomeStoreError: the store failed before the handler ran; the
 	// message is nacked (fail closed), after a pause of half to all of
-	// Config.MaxStoreBackoff.
+	// Config.Timing.StoreBackoff.Max.
 	OutcomeStoreError
 	// OutcomeUnprotected: the handler ran without a lease, because of
-	// Config.FailOpen or KeyErrorProcess. Err says why.
+	// KeyErrorRunUnprotected or StoreErrorRunUnprotected. Err says why.
 	OutcomeUnprotected
+	// OutcomeCanceled: the delivery's context was cancelled (the router is
+	// closing) before the middleware could take a lease or see the key's
+	// holder finish; the handler did not run and the message is nacked.
+	OutcomeCanceled
 
 	numOutcomes = iota
 )
@@ -65,6 +71,7 @@ var outcomeNames = [numOutcomes + 1]string{
 	OutcomeOutputTooLarge:       "output_too_large",
 	OutcomeStoreError:           "store_error",
 	OutcomeUnprotected:          "unprotected",
+	OutcomeCanceled:             "canceled",
 }
 
 // Outcomes lists every outcome, in order.
@@ -96,17 +103,20 @@ func (o Outcome) Acked() bool {
 
 // Event describes one delivery's outcome. Fields that do not apply are zero.
 type Event struct {
+	// Outcome is what the middleware did with the delivery.
 	Outcome Outcome
 	// Handler is the name of the router handler the delivery came
 	// through, empty outside a router.
 	Handler string
 	// Key is the full key (empty for OutcomeKeyError).
-	Key         string
+	Key string
+	// MessageUUID is the delivered message's UUID.
 	MessageUUID string
 	// Lease is the lease the handler ran under, if any. Lease.Takeover
 	// tells a takeover of a crashed holder's lease.
 	Lease backends.Lease
-	// Waited is how long the delivery waited for another holder.
+	// Waited is how long the delivery waited while its key was in
+	// progress.
 	Waited time.Duration
 	// HandlerDuration is how long the handler ran, if it ran.
 	HandlerDuration time.Duration
@@ -119,20 +129,23 @@ type Event struct {
 	// completed the key itself, in its own transaction.
 	CompletedByHandler bool
 	// Err is the error returned to the router, or for
-	// OutcomeProcessedNotRecorded and OutcomeUnprotected the error behind it.
+	// OutcomeProcessedNotRecorded and OutcomeUnprotected the error behind
+	// it (for OutcomeUnprotected joined with HandlerErr).
 	Err error
-
-	// handlerFailed is set when an unprotected handler returned an error.
-	handlerFailed bool
+	// HandlerErr is the error the handler returned, if it ran and failed
+	// (a panic is an error saying so). It is set for OutcomeHandlerFailed,
+	// for OutcomeUnprotected when the unprotected handler failed, and for
+	// OutcomeLeaseLost when the handler failed after its lease was lost.
+	HandlerErr error
 }
 
 // Acked reports whether the middleware let the delivery succeed, so that
 // the router acks it once it has published the handler's output. It is
 // [Outcome.Acked], except that an OutcomeUnprotected delivery is acked
-// when its handler succeeded.
+// when its handler succeeded (HandlerErr is nil).
 func (e Event) Acked() bool {
 	if e.Outcome == OutcomeUnprotected {
-		return !e.handlerFailed
+		return e.HandlerErr == nil
 	}
 	return e.Outcome.Acked()
 }
@@ -203,7 +216,7 @@ func (c *Counters) Count(o Outcome) int64 {
 // Takeovers returns how many deliveries took over an expired lease.
 func (c *Counters) Takeovers() int64 { return c.takeovers.Load() }
 
-// Waited returns how many deliveries waited for another holder.
+// Waited returns how many deliveries waited while their key was in progress.
 func (c *Counters) Waited() int64 { return c.waited.Load() }
 
 // Snapshot returns every non-zero outcome count by name.

@@ -46,12 +46,12 @@ func TestEventAckedMatchesWhatTheRouterIsTold(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	m, _ := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Observer = slotObserver
-		c.InProgressWait = -1
+		c.Timing.InProgressWait = -1
 	})
 	unprotected, _ := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Observer = slotObserver
 		c.Key = keyfunc.Metadata("k")
-		c.OnKeyError = middleware.KeyErrorProcess
+		c.OnKeyError = middleware.KeyErrorRunUnprotected
 	})
 	rejecting, _ := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Observer = slotObserver
@@ -59,7 +59,7 @@ func TestEventAckedMatchesWhatTheRouterIsTold(t *testing.T) {
 	})
 	down, _ := newMiddleware(t, &faultStore{Store: store, acquireErr: errors.New("connection refused")}, func(c *middleware.Config) {
 		c.Observer = slotObserver
-		c.StoreTimeout = 20 * time.Millisecond
+		c.Timing.StoreTimeout = 20 * time.Millisecond
 	})
 
 	held := make(chan struct{})
@@ -94,6 +94,8 @@ func TestEventAckedMatchesWhatTheRouterIsTold(t *testing.T) {
 			ev, err := deliver(t, c.m, newMsg(c.uuid, "x"), c.h)
 			require.Equal(t, c.want, ev.Outcome)
 			require.Equal(t, err == nil, ev.Acked(), "Acked with error %v", err)
+			handlerFailed := c.name == "handler failed" || c.name == "unprotected, handler failed"
+			require.Equal(t, handlerFailed, errors.Is(ev.HandlerErr, errBoom), "HandlerErr %v", ev.HandlerErr)
 		})
 	}
 }

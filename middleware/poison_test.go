@@ -85,7 +85,7 @@ func keyed(uuid, key, payload string) *message.Message {
 func TestIsPoisonRoutesWhatCannotSucceed(t *testing.T) {
 	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
-		c.Fingerprint = middleware.PayloadFingerprint
+		c.Fingerprint = keyfunc.PayloadHash()
 		c.MaxOutputBytes = 100
 	})
 	e := newPoisonEnv(t, m, middleware.IsPoison, func(msg *message.Message) ([]*message.Message, error) {
@@ -123,7 +123,7 @@ func TestIsPoisonNeverPoisonsWhatMustComeBack(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
 					c.Key = keyfunc.Metadata("k")
-					c.InProgressWait = 20 * time.Millisecond
+					c.Timing.InProgressWait = 20 * time.Millisecond
 				})
 				running, release := make(chan struct{}), make(chan struct{})
 				e := newPoisonEnv(t, m, tc.filter, func(msg *message.Message) ([]*message.Message, error) {
@@ -155,7 +155,7 @@ func TestIsPoisonNeverPoisonsWhatMustComeBack(t *testing.T) {
 
 	t.Run("store outage", func(t *testing.T) {
 		store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
-		m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.StoreTimeout = 50 * time.Millisecond })
+		m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.Timing.StoreTimeout = 50 * time.Millisecond })
 		e := newPoisonEnv(t, m, middleware.IsPoison, func(*message.Message) ([]*message.Message, error) { return nil, nil })
 		e.publish(t, "in", newMsg("m1", "x"))
 		waitFor(t, "store errors", func() bool { return counters.Count(middleware.OutcomeStoreError) >= 2 })

@@ -208,14 +208,14 @@ func TestRouterTwoHandlersOneTopicEachRunOnce(t *testing.T) {
 }
 
 // A message without a key is rejected with a typed error that Watermill's
-// PoisonQueueWithFilter can route; nothing is dropped silently.
+// PoisonQueueWithFilter routes with IsPoison; nothing is dropped silently.
 func TestRouterKeyErrorsGoToPoisonQueue(t *testing.T) {
 	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
 		c.Key = keyfunc.JSONField("order_id")
 	})
 	var runs atomic.Int32
 	env := newRouter(t, func(r *message.Router, ps *gochannel.GoChannel) {
-		poison, err := wmiddleware.PoisonQueueWithFilter(ps, "poison", middleware.IsKeyError)
+		poison, err := wmiddleware.PoisonQueueWithFilter(ps, "poison", middleware.IsPoison)
 		require.NoError(t, err)
 		r.AddConsumerHandler("h", "in", ps, func(*message.Message) error { runs.Add(1); return nil }).
 			AddMiddleware(poison, m.Middleware)
@@ -242,9 +242,9 @@ func TestRouterKeyErrorsGoToPoisonQueue(t *testing.T) {
 func TestRouterInProgressDuplicateDoesNotSpinTheStore(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{})}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
-		c.InProgressWait = 100 * time.Millisecond
-		c.PollInterval = 20 * time.Millisecond
-		c.MaxPollInterval = 50 * time.Millisecond
+		c.Timing.InProgressWait = 100 * time.Millisecond
+		c.Timing.Poll.Initial = 20 * time.Millisecond
+		c.Timing.Poll.Max = 50 * time.Millisecond
 	})
 	release := make(chan struct{})
 	var runs atomic.Int32

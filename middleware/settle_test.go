@@ -73,7 +73,7 @@ func TestLeaseKeptWhileCompletionRetried(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{}), completeErr: errors.New("connection reset")}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.LeaseTTL = 300 * time.Millisecond // renewed every 100ms
-		c.InProgressWait = -1
+		c.Timing.InProgressWait = -1
 	})
 	done := make(chan error, 1)
 	go func() {
@@ -128,7 +128,7 @@ func TestCompleteRetriesAreBounded(t *testing.T) {
 	store := &faultStore{Store: memstore.New(memstore.Options{}), completeErr: errors.New("connection reset")}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.LeaseTTL = 300 * time.Millisecond
-		c.StoreTimeout = 50 * time.Millisecond
+		c.Timing.StoreTimeout = 50 * time.Millisecond
 	})
 	_, err := m.Middleware(oneOutput)(newMsg("k", "x"))
 	require.NoError(t, err)

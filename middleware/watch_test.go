@@ -53,8 +53,8 @@ func TestWaitingDuplicateWokenByCompletion(t *testing.T) {
 			}
 			m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 				c.LeaseTTL = 10 * time.Minute
-				c.PollInterval, c.MaxPollInterval = poll, poll
-				c.InProgressWait = 5 * time.Minute
+				c.Timing.Poll = middleware.Backoff{Initial: poll, Max: poll}
+				c.Timing.InProgressWait = 5 * time.Minute
 			})
 			holder, err := cs.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "holder", LeaseTTL: time.Hour, Retention: time.Hour})
 			require.NoError(t, err)
@@ -131,8 +131,8 @@ func TestWaitingDuplicateFallsBackToPolling(t *testing.T) {
 	cs := &countingStore{Store: memstore.New(memstore.Options{})}
 	m, counters := newMiddleware(t, deafWatcher{cs}, func(c *middleware.Config) {
 		c.LeaseTTL = 10 * time.Minute
-		c.PollInterval, c.MaxPollInterval = 5*time.Millisecond, 10*time.Millisecond
-		c.InProgressWait = 5 * time.Minute
+		c.Timing.Poll = middleware.Backoff{Initial: 5 * time.Millisecond, Max: 10 * time.Millisecond}
+		c.Timing.InProgressWait = 5 * time.Minute
 	})
 	holder, done := startWaiting(t, cs, m)
 	require.Eventually(t, func() bool { return cs.acquires.Load() >= 3 }, time.Minute, time.Millisecond)
@@ -170,8 +170,8 @@ func TestSpuriousWakesArePacedLikePolls(t *testing.T) {
 	const wait = time.Second
 	m, counters := newMiddleware(t, noisyWatcher{cs}, func(c *middleware.Config) {
 		c.LeaseTTL = 10 * time.Minute
-		c.PollInterval, c.MaxPollInterval = 50*time.Millisecond, 100*time.Millisecond
-		c.InProgressWait = wait
+		c.Timing.Poll = middleware.Backoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond}
+		c.Timing.InProgressWait = wait
 	})
 	_, done := startWaiting(t, cs, m)
 	select {
@@ -221,8 +221,8 @@ func TestWaitingDuplicateWatchesOnceStoreCanWatch(t *testing.T) {
 		c.LeaseTTL = 10 * time.Minute
 		// Polls soon apart while the store cannot watch; a safety look
 		// only every 10 × 2s (±20%) once it watches.
-		c.PollInterval, c.MaxPollInterval = 5*time.Millisecond, 2*time.Second
-		c.InProgressWait = 5 * time.Minute
+		c.Timing.Poll = middleware.Backoff{Initial: 5 * time.Millisecond, Max: 2 * time.Second}
+		c.Timing.InProgressWait = 5 * time.Minute
 	})
 	holder, done := startWaiting(t, cs, m)
 	require.Eventually(t, func() bool { return store.refused.Load() >= 3 }, time.Minute, time.Millisecond,
@@ -265,8 +265,8 @@ func TestCompletionBeforeTheWatchIsInPlace(t *testing.T) {
 	require.NoError(t, err)
 	m, counters := newMiddleware(t, &completingWatcher{countingStore: cs, holder: holder.Lease}, func(c *middleware.Config) {
 		c.LeaseTTL = 10 * time.Minute
-		c.PollInterval, c.MaxPollInterval = time.Minute, time.Minute
-		c.InProgressWait = 5 * time.Minute
+		c.Timing.Poll = middleware.Backoff{Initial: time.Minute, Max: time.Minute}
+		c.Timing.InProgressWait = 5 * time.Minute
 	})
 	before := cs.acquires.Load()
 	requireAckedDuplicate(t, deliverDuplicate(m), counters)
@@ -293,7 +293,7 @@ func TestWaitEndsOnALookAfterItsDeadline(t *testing.T) {
 	mem := memstore.New(memstore.Options{})
 	store := &stalledWatch{Store: mem, stall: 200 * time.Millisecond}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
-		c.PollInterval = 5 * time.Millisecond
+		c.Timing.Poll.Initial = 5 * time.Millisecond
 	})
 	_, err := mem.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "crashed", LeaseTTL: 50 * time.Millisecond, Retention: time.Hour})
 	require.NoError(t, err)

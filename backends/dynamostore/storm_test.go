@@ -67,7 +67,7 @@ func TestStormDynamoFlaky(t *testing.T) {
 
 // A table that does not exist is an error retrying cannot fix: the store
 // marks it, and the middleware fails the delivery after one call instead
-// of retrying until StoreTimeout.
+// of retrying until Timing.StoreTimeout.
 func TestMissingTableIsRejected(t *testing.T) {
 	t.Parallel()
 	sv := startServer(t)

@@ -120,7 +120,7 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 
 // A table that does not exist (Migrate never ran) is an error retrying
 // cannot fix: the store marks it, and the middleware fails the delivery
-// after one call instead of retrying until StoreTimeout.
+// after one call instead of retrying until Timing.StoreTimeout.
 func TestMissingTableIsRejected(t *testing.T) {
 	t.Parallel()
 	s, err := mysqlstore.New(openDB(t, 2, nil), mysqlstore.Options{Table: "never_migrated"})

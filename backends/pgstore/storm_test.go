@@ -113,7 +113,7 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 
 // A table that does not exist (Migrate never ran) is an error retrying
 // cannot fix: the store marks it, and the middleware fails the delivery
-// after one call instead of retrying until StoreTimeout.
+// after one call instead of retrying until Timing.StoreTimeout.
 func TestMissingTableIsRejected(t *testing.T) {
 	s, err := pgstore.New(testserver.PostgresPool(t), pgstore.Options{Schema: "pgstore_never_migrated"})
 	require.NoError(t, err)

@@ -83,7 +83,7 @@ func (e *txEnv) rows(t *testing.T, orderID string) int {
 func newIdem(t *testing.T, store backends.Store, counters *idempotency.Counters) *idempotency.Idempotency {
 	idem, err := idempotency.New(idempotency.Config{
 		Store: store, Namespace: "charge", Key: keyfunc.Func(func(m *message.Message) (string, error) { return string(m.Payload), nil }),
-		LeaseTTL: 5 * time.Second, PollInterval: 5 * time.Millisecond, Observer: counters,
+		LeaseTTL: 5 * time.Second, Timing: idempotency.Timing{Poll: idempotency.Backoff{Initial: 5 * time.Millisecond}}, Observer: counters,
 	})
 	require.NoError(t, err)
 	return idem

@@ -512,8 +512,8 @@ func (w *watchCounter) Watch(ctx context.Context, key string) (<-chan struct{}, 
 func TestDuplicateAckedWhenListenerTerminatedMidWait(t *testing.T) {
 	const maxPoll = 100 * time.Millisecond
 	// The slowest look at the store is a watched wait's safety look,
-	// every 10 × MaxPollInterval with 20% jitter; a polled wait looks
-	// every MaxPollInterval at most.
+	// every Timing.WatchedPoll (10 × Poll.Max) with 20% jitter; a polled
+	// wait looks every Poll.Max at most.
 	const bound = 10 * (10 * maxPoll * 6 / 5)
 	for _, tc := range []struct {
 		name       string
@@ -525,8 +525,9 @@ func TestDuplicateAckedWhenListenerTerminatedMidWait(t *testing.T) {
 			ctx := context.Background()
 			var counters idempotency.Counters
 			idem, err := idempotency.New(idempotency.Config{
-				Store: store, Namespace: "w", LeaseTTL: 10 * time.Minute, InProgressWait: 5 * time.Minute,
-				PollInterval: 20 * time.Millisecond, MaxPollInterval: maxPoll,
+				Store: store, Namespace: "w", LeaseTTL: 10 * time.Minute, Timing: idempotency.Timing{
+					InProgressWait: 5 * time.Minute, Poll: idempotency.Backoff{Initial: 20 * time.Millisecond, Max: maxPoll},
+				},
 				Observer: &counters,
 			})
 			require.NoError(t, err)

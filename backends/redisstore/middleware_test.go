@@ -255,7 +255,7 @@ func TestWrongTypeIsRejected(t *testing.T) {
 
 	var calls atomic.Int64
 	store := storetest.Counted(s, &calls)
-	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "t", MaxStoreBackoff: 10 * time.Millisecond})
+	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "t", Timing: idempotency.Timing{StoreBackoff: idempotency.Backoff{Max: 10 * time.Millisecond}}})
 	require.NoError(t, err)
 	_, err = idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("k", nil))
 	require.ErrorIs(t, err, idempotency.ErrStore)

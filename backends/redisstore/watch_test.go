@@ -94,8 +94,9 @@ func TestDuplicateAckedWhenSubscriptionLostMidWait(t *testing.T) {
 	ctx := context.Background()
 	var counters idempotency.Counters
 	idem, err := idempotency.New(idempotency.Config{
-		Store: store, Namespace: "w", LeaseTTL: 10 * time.Minute, InProgressWait: 5 * time.Minute,
-		PollInterval: 20 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond,
+		Store: store, Namespace: "w", LeaseTTL: 10 * time.Minute, Timing: idempotency.Timing{
+			InProgressWait: 5 * time.Minute, Poll: idempotency.Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond},
+		},
 		Observer: &counters,
 	})
 	require.NoError(t, err)

@@ -16,7 +16,7 @@ import (
 // CheckRejected checks a store whose table is missing: Acquire fails with
 // an error wrapping backends.ErrRejected that mentions code (the server's
 // own), and the middleware fails the delivery after that one call
-// instead of retrying until StoreTimeout.
+// instead of retrying until Timing.StoreTimeout.
 func CheckRejected(t *testing.T, s backends.Store, code string) {
 	t.Helper()
 	_, err := s.Acquire(context.Background(), backends.AcquireRequest{Key: "k", Owner: "o", LeaseTTL: time.Second})
@@ -24,7 +24,8 @@ func CheckRejected(t *testing.T, s backends.Store, code string) {
 	require.ErrorContains(t, err, code)
 
 	var calls atomic.Int64
-	idem, err := idempotency.New(idempotency.Config{Store: Counted(s, &calls), Namespace: "t", StoreTimeout: time.Minute, MaxStoreBackoff: 10 * time.Millisecond})
+	idem, err := idempotency.New(idempotency.Config{Store: Counted(s, &calls), Namespace: "t",
+		Timing: idempotency.Timing{StoreTimeout: time.Minute, StoreBackoff: idempotency.Backoff{Max: 10 * time.Millisecond}}})
 	require.NoError(t, err)
 	_, err = idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("k", nil))
 	require.ErrorIs(t, err, idempotency.ErrStore)

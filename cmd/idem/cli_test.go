@@ -124,8 +124,8 @@ func TestActions(t *testing.T) {
 	// A live lease: complete and delete need --force.
 	res, err := mem.Acquire(ctx, backends.AcquireRequest{Key: "charge:k2", Owner: "worker-1", LeaseTTL: time.Hour, Retention: time.Hour})
 	require.NoError(t, err)
-	step(exitRefused, "lease_held", "complete", "charge:k2")
-	step(exitRefused, "lease_held", "delete", "charge:k2")
+	step(exitRefused, "in_progress", "complete", "charge:k2")
+	step(exitRefused, "in_progress", "delete", "charge:k2")
 
 	// Another holder takes the key over between idem's inspect and its
 	// release: idem releases nothing.

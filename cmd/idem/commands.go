@@ -28,14 +28,14 @@ const (
 	actionAlreadyCompleted = "already_completed" // complete: it was completed already; nothing changed
 	actionDeleted          = "deleted"           // delete: the record is gone; the next delivery runs
 	actionNotFound         = "not_found"         // exit 2: the key has no record
-	actionLeaseHeld        = "lease_held"        // exit 3: a live lease holds the key; --force to act anyway
+	actionInProgress       = "in_progress"       // exit 3: the key is in progress, a live lease holds it; --force to act anyway
 	actionNoLease          = "no_lease"          // exit 3: release found no lease to give up
 	actionChanged          = "changed"           // exit 3: the record changed since it was inspected; nothing changed
 )
 
 // actions lists every action, for the tests and the docs.
 var actions = []string{actionReleased, actionCompleted, actionAlreadyCompleted, actionDeleted,
-	actionNotFound, actionLeaseHeld, actionNoLease, actionChanged}
+	actionNotFound, actionInProgress, actionNoLease, actionChanged}
 
 // outcome is what a command that acts on one key did.
 type outcome struct {
@@ -221,7 +221,7 @@ func complete(ctx context.Context, e *env, o *completeOpts, key string) (outcome
 	case rec.State == backends.StateCompleted:
 		return outcome{actionAlreadyCompleted, "already completed: the next delivery is dropped", &rec}, nil
 	case live(rec) && !o.force:
-		return outcome{}, refused(actionLeaseHeld, key, "is held by owner %s (token %d) for %v more: --force to complete it anyway",
+		return outcome{}, refused(actionInProgress, key, "is in progress: owner %s (token %d) holds it for %v more: --force to complete it anyway",
 			rec.Owner, rec.Token, time.Until(rec.LeaseExpiresAt).Round(time.Millisecond))
 	case live(rec):
 		if err := e.store.Release(ctx, leaseOf(rec)); errors.Is(err, backends.ErrLeaseLost) {
@@ -273,7 +273,7 @@ var deleteCmd = &command{
 				return outcome{}, err
 			}
 			if live(rec) && !opts.(*forceOpts).force {
-				return outcome{}, refused(actionLeaseHeld, key, "is held by owner %s (token %d) for %v more: --force to delete it anyway",
+				return outcome{}, refused(actionInProgress, key, "is in progress: owner %s (token %d) holds it for %v more: --force to delete it anyway",
 					rec.Owner, rec.Token, time.Until(rec.LeaseExpiresAt).Round(time.Millisecond))
 			}
 			if err := e.store.Delete(ctx, key); errors.Is(err, backends.ErrNotFound) {

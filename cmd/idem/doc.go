@@ -26,11 +26,11 @@
 // postgres if --pg-url is set, mysql if --mysql-dsn is, else redis.
 // --timeout bounds the whole command, every store call included. -o json
 // prints JSON; release, complete and delete then print an action, one of
-// released, completed, already_completed, deleted, not_found, lease_held,
+// released, completed, already_completed, deleted, not_found, in_progress,
 // no_lease and changed.
 //
 // Exit codes: 0 done, 1 error (a usage error, or a store that does not
 // answer or answers with an error), 2 key not found, 3 refused (the record
-// changed since it was inspected, a live lease needs --force, or there is
+// changed since it was inspected, a key in progress needs --force, or there is
 // no lease to release).
 package main

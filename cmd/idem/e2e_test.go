@@ -338,7 +338,7 @@ func testLifecycle(t *testing.T, env []string) {
 	defer holder.Process.Kill() //nolint:errcheck
 	r = idem(t, env, "", "complete", "charge:order-3", "-o", "json")
 	require.Equal(t, exitRefused, r.code, r.stdout+r.stderr)
-	require.Equal(t, actionLeaseHeld, actionOf(t, r.stdout))
+	require.Equal(t, actionInProgress, actionOf(t, r.stdout))
 	require.Contains(t, ok(t, env, "complete", "charge:order-3", "--force"), "completed with token 2")
 	require.Equal(t, "completed", inspectJSON(t, env, "charge:order-3").State)
 	r = idem(t, env, "", "delete", "charge:nope", "-o", "json")

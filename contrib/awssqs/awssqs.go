@@ -120,7 +120,7 @@ func NewDefer(cfg DeferConfig) (*Defer, error) {
 }
 
 // Middleware takes the receipt handle out of the message, runs h, and if h
-// reports the key in progress elsewhere, makes the message visible again
+// reports the key in progress ([idempotency.InProgressError]), makes the message visible again
 // when the holder's lease runs out. h's result is returned unchanged.
 func (d *Defer) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {

@@ -54,7 +54,7 @@ func run(t *testing.T, endpoint string, withDefer bool, holdFor time.Duration) [
 	require.NoError(t, err)
 	idem, err := idempotency.New(idempotency.Config{
 		Store: store, Namespace: "charge", Key: keyfunc.JSONField("order_id"),
-		InProgressWait: -1, // nack at once, to see when SQS brings it back
+		Timing: idempotency.Timing{InProgressWait: -1}, // nack at once, to see when SQS brings it back
 	})
 	require.NoError(t, err)
 

@@ -2,10 +2,11 @@
 // for watermill-aws subscribers.
 //
 // watermill-aws's Nack does nothing: a nacked message reappears after the
-// queue's visibility timeout. For a duplicate whose key another worker
-// still holds, that redelivery may come too early (the holder is still
-// running, so it is nacked again, and every receive counts towards the
-// queue's maxReceiveCount) or needlessly late. [Defer] sets such a
+// queue's visibility timeout. For a duplicate whose key is in progress
+// (held by the live lease of another delivery), that redelivery may come
+// too early (the holder is still running, so it is nacked again, and
+// every receive counts towards the queue's maxReceiveCount) or needlessly
+// late. [Defer] sets such a
 // message's visibility to the holder's remaining lease instead, so the
 // redelivery comes when it can succeed.
 //

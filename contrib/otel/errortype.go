@@ -29,9 +29,10 @@ const (
 	// ErrorCanceled: the call was cancelled (context.Canceled), as when the
 	// router closes.
 	ErrorCanceled = "canceled"
-	// ErrorKey: the message had no usable key (middleware.IsKeyError).
+	// ErrorKey: the message had no usable key (middleware.ErrInvalidKey).
 	ErrorKey = "key_error"
-	// ErrorInProgress: another worker still held the key (middleware.ErrInProgress).
+	// ErrorInProgress: the key was in progress, held by the live lease of
+	// another delivery (middleware.ErrInProgress).
 	ErrorInProgress = "in_progress"
 	// ErrorFingerprintMismatch: the key's record is for another payload.
 	ErrorFingerprintMismatch = "fingerprint_mismatch"
@@ -61,7 +62,7 @@ func ErrorType(err error) string {
 		return ErrorTimeout
 	case errors.Is(err, context.Canceled):
 		return ErrorCanceled
-	case idempotency.IsKeyError(err):
+	case errors.Is(err, idempotency.ErrInvalidKey):
 		return ErrorKey
 	case errors.Is(err, idempotency.ErrInProgress):
 		return ErrorInProgress

@@ -50,7 +50,7 @@ func TestPausedStoreIsATimeout(t *testing.T) {
 	require.NoError(t, err)
 	idem, err := idempotency.New(idempotency.Config{
 		Store: instrumented, Namespace: "pay", Observer: obs,
-		StoreTimeout: 300 * time.Millisecond, MaxStoreBackoff: 50 * time.Millisecond,
+		Timing: idempotency.Timing{StoreTimeout: 300 * time.Millisecond, StoreBackoff: idempotency.Backoff{Max: 50 * time.Millisecond}},
 	})
 	require.NoError(t, err)
 
@@ -220,7 +220,8 @@ func TestTakeoverCounted(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	_, err = store.Acquire(context.Background(), backends.AcquireRequest{Key: "pay:m1", Owner: "crashed", LeaseTTL: 20 * time.Millisecond, Retention: time.Hour})
 	require.NoError(t, err)
-	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "pay", Observer: obs, PollInterval: 5 * time.Millisecond})
+	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "pay", Observer: obs,
+		Timing: idempotency.Timing{Poll: idempotency.Backoff{Initial: 5 * time.Millisecond}}})
 	require.NoError(t, err)
 	msg := message.NewMessage("m1", nil)
 	ctx, span := tel.tracer.Start(context.Background(), "process")

@@ -196,7 +196,7 @@ func runScenario(t *testing.T, b broker, store backends.Store) {
 		Key:                keyfunc.Metadata("order"),
 		Namespace:          "charge",
 		LeaseTTL:           10 * time.Second,
-		PollInterval:       10 * time.Millisecond,
+		Timing:             idempotency.Timing{Poll: idempotency.Backoff{Initial: 10 * time.Millisecond}},
 		Observer:           idempotency.MultiObserver(obs, counters),
 		ReplayDropMetadata: idemotel.PropagationKeys(nil),
 	})

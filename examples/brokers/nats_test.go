@@ -72,7 +72,7 @@ func TestNATSJetStream(t *testing.T) {
 			Crash: func(consumer string) { dialers[consumer].cut() },
 			Configure: func(c *idempotency.Config) {
 				c.LeaseTTL = 10 * time.Second
-				c.InProgressWait = serverAckWait * 3 / 4 // below AckWait (docs/brokers.md)
+				c.Timing.InProgressWait = serverAckWait * 3 / 4 // below AckWait (docs/brokers.md)
 			},
 			// Each AckWait redelivery of the slow order goes to a random
 			// member of the four, so one in four lands behind the running

@@ -193,18 +193,18 @@ func run(ctx context.Context, cfg config, withDemo bool) error {
 
 	// The idempotency middleware: one lease per order id.
 	idem, err := idempotency.New(idempotency.Config{
-		Store:          store,
-		Key:            keyfunc.JSONField("order_id"),
-		LeaseTTL:       leaseTTL,
-		InProgressWait: inProgressWait,
-		Observer:       idempotency.MultiObserver(deliveries, logDeliveries(logger)),
+		Store:    store,
+		Key:      keyfunc.JSONField("order_id"),
+		LeaseTTL: leaseTTL,
+		Timing:   idempotency.Timing{InProgressWait: inProgressWait},
+		Observer: idempotency.MultiObserver(deliveries, logDeliveries(logger)),
 	})
 	if err != nil {
 		return err
 	}
 
 	// Only messages that can never succeed go to the poison topic: no
-	// usable order id, for one. An in-flight duplicate, a store error or
+	// usable order id, for one. A duplicate whose key is in progress, a store error or
 	// a lost lease is nacked and retried.
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: kafka.DefaultMarshaler{}}, wmLogger)
 	if err != nil {

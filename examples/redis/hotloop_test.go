@@ -115,7 +115,7 @@ func acquiresWhileHeld(t *testing.T, wait time.Duration, hold time.Duration) int
 
 	idem, err := idempotency.New(idempotency.Config{
 		Store: store, Namespace: "charge", Key: keyfunc.JSONField("order_id"),
-		LeaseTTL: time.Minute, InProgressWait: wait,
+		LeaseTTL: time.Minute, Timing: idempotency.Timing{InProgressWait: wait},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +164,7 @@ func acquiresDuringOutage(t *testing.T, maxBackoff, outage time.Duration) int64 
 
 	client := redis.NewClient(&redis.Options{Addr: testenv.Service(t, "REDIS_ADDR")})
 	t.Cleanup(func() { _ = client.Close() })
-	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "charge", Key: keyfunc.JSONField("order_id"), MaxStoreBackoff: maxBackoff})
+	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "charge", Key: keyfunc.JSONField("order_id"), Timing: idempotency.Timing{StoreBackoff: idempotency.Backoff{Max: maxBackoff}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,15 +189,15 @@ func acquiresDuringOutage(t *testing.T, maxBackoff, outage time.Duration) int64 
 }
 
 // The store is down while Redis Streams, whose nack resends an entry at
-// once, keeps delivering. With the default MaxStoreBackoff (2s), the
+// once, keeps delivering. With the default StoreBackoff.Max (2s), the
 // store sees a trickle of calls: one probe at a time, spaced out up to 2s
 // apart, and each failed delivery pauses before its nack. The control,
 // with the backoff cut to 1ms, shows the storm it prevents.
 func TestStoreOutageOnRedisStreams(t *testing.T) {
 	const outage = 6 * time.Second
-	guarded := acquiresDuringOutage(t, idempotency.DefaultMaxStoreBackoff, outage)
+	guarded := acquiresDuringOutage(t, idempotency.DefaultStoreBackoffMax, outage)
 	control := acquiresDuringOutage(t, time.Millisecond, outage)
-	t.Logf("store Acquire calls during a %v store outage on Redis Streams: %d (%.1f/s) with the default MaxStoreBackoff, %d (%.1f/s) with 1ms",
+	t.Logf("store Acquire calls during a %v store outage on Redis Streams: %d (%.1f/s) with the default StoreBackoff.Max, %d (%.1f/s) with 1ms",
 		outage, guarded, float64(guarded)/outage.Seconds(), control, float64(control)/outage.Seconds())
 	// The first calls (one delivery at a time here), then probes after 10,
 	// 20, 40 ... 1280ms, then every 2s, each ±20%: about 11 in 6s, never

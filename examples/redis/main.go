@@ -173,7 +173,7 @@ func run(ctx context.Context, cfg config, withDemo bool) error {
 	}
 
 	// Only messages that can never succeed go to the poison stream: no
-	// usable order id, for one. An in-flight duplicate, a store error or
+	// usable order id, for one. A duplicate whose key is in progress, a store error or
 	// a lost lease is nacked and comes back.
 	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: pubClient}, wmLogger)
 	if err != nil {

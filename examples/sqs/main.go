@@ -187,14 +187,14 @@ func run(ctx context.Context, cfg config, withDemo bool) error {
 		LeaseTTL: visibilityTimeout,
 		// A copy whose order is held elsewhere waits briefly, then is
 		// nacked and deferred (below), instead of holding a worker.
-		InProgressWait: 200 * time.Millisecond,
-		Observer:       idempotency.MultiObserver(deliveries, logDeliveries(logger)),
+		Timing:   idempotency.Timing{InProgressWait: 200 * time.Millisecond},
+		Observer: idempotency.MultiObserver(deliveries, logDeliveries(logger)),
 	})
 	if err != nil {
 		return err
 	}
 	// watermill-aws's nack does nothing: a nacked message comes back after
-	// the visibility timeout. Defer makes an in-flight copy visible again
+	// the visibility timeout. Defer makes a copy whose order is in progress visible again
 	// when the holder's lease runs out instead. Each deferral is logged.
 	deferrer, err := awssqs.NewDefer(awssqs.DeferConfig{
 		Client: sqsClient,
@@ -205,7 +205,7 @@ func run(ctx context.Context, cfg config, withDemo bool) error {
 	}
 
 	// Only messages that can never succeed go to the poison queue: no
-	// usable order id, for one. An in-flight duplicate, a store error or
+	// usable order id, for one. A duplicate whose key is in progress, a store error or
 	// a lost lease is nacked and comes back.
 	pub, err := wsqs.NewPublisher(wsqs.PublisherConfig{AWSConfig: awsCfg, OptFns: endpoint, DoNotCreateQueueIfNotExists: true}, wmLogger)
 	if err != nil {

@@ -113,7 +113,7 @@ func ledgerEntries(t *testing.T, prefix string) map[string]entry {
 	return entries
 }
 
-// deferred matches the line Defer logs for each in-flight copy it defers.
+// deferred matches the line Defer logs for each copy it defers while its order is in progress.
 var deferred = regexp.MustCompile(`msg="awssqs: in-progress message delayed until the holder's lease runs out"`)
 
 // The demo as a user runs it (`make example-sqs`, `-store postgres`,
@@ -135,7 +135,7 @@ func TestSQSExample(t *testing.T) {
 				t.Fatal(err)
 			}
 			if len(p.Lines(deferred)) < 1 {
-				t.Error("Defer deferred no in-flight copy")
+				t.Error("Defer deferred no copy whose order was in progress")
 			}
 			want := []string{slowOrder, flakyOrder}
 			for i := range demoOrders {

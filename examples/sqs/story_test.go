@@ -91,7 +91,7 @@ func TestSQS(t *testing.T) {
 			Middleware: []message.HandlerMiddleware{deferrer.Middleware},
 			Configure: func(c *idempotency.Config) {
 				c.LeaseTTL = visibilityTimeout
-				c.InProgressWait = 200 * time.Millisecond
+				c.Timing.InProgressWait = 200 * time.Millisecond
 			},
 			// Over twice the visibility timeout: SQS shows the slow order's
 			// message again one visibility timeout after it was received,

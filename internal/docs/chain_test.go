@@ -20,8 +20,9 @@ var _ = chain
 func chain(router *message.Router, pub message.Publisher, idem *idempotency.Idempotency) error {
 	// snippet:chain
 	// Only messages that can never succeed go to the poison queue. A plain
-	// PoisonQueue would also ack in-flight duplicates, store errors and lost
-	// leases, and a message whose holder then fails would be gone.
+	// PoisonQueue would also ack duplicates whose key is in progress, store
+	// errors and lost leases, and a message whose holder then fails would be
+	// gone.
 	poisonQueue, err := middleware.PoisonQueueWithFilter(pub, "orders.poison", idempotency.IsPoison)
 	if err != nil {
 		return err

@@ -34,7 +34,8 @@ func quickstart(router *message.Router, sub message.Subscriber, pub message.Publ
 		return err // invalid config is an error, never a panic
 	}
 	// Messages that can never succeed (no key, another payload under a
-	// known key) go to a poison topic; an in-flight duplicate never does.
+	// known key) go to a poison topic; a duplicate whose key is in progress
+	// never does.
 	poison, err := middleware.PoisonQueueWithFilter(pub, "orders.poison", idempotency.IsPoison)
 	if err != nil {
 		return err

@@ -47,7 +47,7 @@ type Broker struct {
 	// broker's helper that delays an in-flight duplicate's redelivery).
 	Middleware []message.HandlerMiddleware
 	// Configure adjusts the middleware's configuration for the broker:
-	// its LeaseTTL and InProgressWait (brokers.md). InProgressWait
+	// its LeaseTTL and Timing.InProgressWait (brokers.md). Timing.InProgressWait
 	// defaults to a quarter of SlowFor here, so that a duplicate of the
 	// slow order gives up waiting and is nacked while it runs, and the
 	// poison queue meets an in-flight duplicate on every broker.
@@ -180,7 +180,7 @@ func (r Report) Check() error {
 		errs = append(errs, errors.New("the outage order did not meet a store error and then get charged"))
 	}
 	if len(r.AckedEarly) > 0 {
-		errs = append(errs, fmt.Errorf("in-flight duplicates acked before their order was charged: %v", r.AckedEarly))
+		errs = append(errs, fmt.Errorf("duplicates acked while their order was in progress, before it was charged: %v", r.AckedEarly))
 	}
 	if r.SlowRun > 0 && float64(r.StoreCallsWhileSlow)/r.SlowRun.Seconds() > MaxStoreCallsPerSecond {
 		errs = append(errs, fmt.Errorf("hot loop: %d store calls in the %v the slow order ran", r.StoreCallsWhileSlow, r.SlowRun))
@@ -393,8 +393,10 @@ func Run(ctx context.Context, b Broker, store backends.Store, orders int, w io.W
 			Observer:  idempotency.MultiObserver(observer, b.Observer),
 			// Short, so that the outage order's store-error nacks come
 			// back soon.
-			MaxStoreBackoff: 50 * time.Millisecond,
-			InProgressWait:  b.SlowFor / 4,
+			Timing: idempotency.Timing{
+				StoreBackoff:   idempotency.Backoff{Max: 50 * time.Millisecond},
+				InProgressWait: b.SlowFor / 4,
+			},
 		}
 		if b.Configure != nil {
 			b.Configure(&cfg)

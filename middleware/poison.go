@@ -4,7 +4,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
+	"github.com/watermill-idempotency/idempotency/backends"
 )
 
 // A message that fails permanently (no usable key, a fingerprint
@@ -14,14 +14,13 @@ import (
 // bring it back as fast as it can. So, as after a store error, the
 // delivery pauses before its nack, but only when the same message (by
 // UUID) failed so before: its first failure is nacked at once, so that a
-// poison queue takes it without delay; the n-th repeat pauses
-// repeatPauseBase·2ⁿ⁻¹, jittered, at most Config.MaxStoreBackoff. A
-// message without a poison queue then comes back about every
-// MaxStoreBackoff after its first few seconds.
+// poison queue takes it without delay; the n-th repeat pauses for
+// Timing.PoisonBackoff's n-th pause. A message without a poison queue
+// then comes back about every PoisonBackoff.Max after its first few
+// seconds (Timing.PoisonBackoff documents these numbers).
 const (
-	repeatPauseBase = 100 * time.Millisecond
 	// repeatWindow is how long a message's permanent failures are
-	// remembered without a new one, in multiples of MaxStoreBackoff.
+	// remembered without a new one, in multiples of PoisonBackoff.Max.
 	repeatWindow = 10
 	// maxRemembered bounds the messages remembered at once.
 	maxRemembered = 4096
@@ -29,8 +28,8 @@ const (
 
 // repeats remembers recent permanent failures by message UUID.
 type repeats struct {
-	window time.Duration
-	max    time.Duration
+	window  time.Duration
+	backoff Backoff
 
 	mu   sync.Mutex
 	seen map[string]repeat
@@ -41,8 +40,12 @@ type repeat struct {
 	last     time.Time
 }
 
-func newRepeats(maxPause time.Duration) *repeats {
-	return &repeats{window: repeatWindow * maxPause, max: maxPause, seen: map[string]repeat{}}
+func newRepeats(backoff Backoff) *repeats {
+	window := backends.MaxDuration
+	if backoff.Max < backends.MaxDuration/repeatWindow {
+		window = repeatWindow * backoff.Max
+	}
+	return &repeats{window: window, backoff: backoff, seen: map[string]repeat{}}
 }
 
 // failed records a permanent failure of the message uuid and returns the
@@ -63,7 +66,7 @@ func (r *repeats) failed(uuid string, now time.Time) time.Duration {
 	if rep.failures == 1 {
 		return 0
 	}
-	return jitter(min(repeatPauseBase<<min(rep.failures-2, 20), r.max))
+	return jitter(r.backoff.Pause(rep.failures - 2))
 }
 
 // forgetLocked drops what is past the window and, if that is not enough,
@@ -80,35 +83,4 @@ func (r *repeats) forgetLocked(now time.Time) {
 		}
 		delete(r.seen, uuid)
 	}
-}
-
-// logLimit lets through at most one error line per outcome per second; a
-// line after suppressed ones carries their count, so that a flood of
-// failures (a store down, a stream of messages without a key) is visible
-// without one line per delivery.
-type logLimit struct {
-	mu    sync.Mutex
-	state [numOutcomes + 1]struct {
-		last       time.Time
-		suppressed int
-	}
-}
-
-const logInterval = time.Second
-
-// allow reports whether a line for outcome o may be logged now and adds
-// the count of the lines suppressed since the last one to f.
-func (l *logLimit) allow(o Outcome, now time.Time, f watermill.LogFields) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	st := &l.state[o]
-	if !st.last.IsZero() && now.Sub(st.last) < logInterval {
-		st.suppressed++
-		return false
-	}
-	if st.suppressed > 0 {
-		f["suppressed_since_last"] = st.suppressed
-	}
-	st.last, st.suppressed = now, 0
-	return true
 }

@@ -1,0 +1,55 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
+
+// acquire calls Store.Acquire once it has a slot (see [guard]), retrying
+// transient failures within Timing.StoreTimeout. A retry after an ambiguous
+// failure (the store applied the call, the reply was lost) is safe because
+// Acquire is re-entrant for the same owner. Errors retrying cannot fix
+// return at once. It also returns when the successful call was sent, which
+// starts the lease.
+func (m *Idempotency) acquire(d *delivery) (backends.AcquireResult, time.Time, error) {
+	if err := m.guard.enter(d.msg.Context()); err != nil {
+		return backends.AcquireResult{}, time.Time{}, fmt.Errorf("waiting for a store slot: %w", err)
+	}
+	defer m.guard.leave()
+	ctx := withDeadline(d.ctx, m.cfg.Timing.StoreTimeout)
+	defer ctx.stop()
+	req := backends.AcquireRequest{Key: d.key, Owner: d.owner, LeaseTTL: m.cfg.LeaseTTL, Retention: m.cfg.Retention, Fingerprint: d.fp}
+	var last error
+	for {
+		t, err := m.guard.admit(ctx)
+		if err != nil {
+			return backends.AcquireResult{}, time.Time{}, errors.Join(last, err)
+		}
+		sent := time.Now()
+		res, err := m.acquireOnce(ctx, t, req)
+		if !retryable(err) {
+			return res, sent, err
+		}
+		if ctx.Err() != nil {
+			return res, sent, errors.Join(err, ctx.Err())
+		}
+		last = err
+	}
+}
+
+// acquireOnce makes one Acquire call admitted by the guard and records its
+// result; a probe's result even if the store panics, or no probe would
+// ever be sent again.
+func (m *Idempotency) acquireOnce(ctx context.Context, t ticket, req backends.AcquireRequest) (res backends.AcquireResult, err error) {
+	if t.probe {
+		defer func() { m.guard.record(t, err) }()
+		return m.cfg.Store.Acquire(ctx, req)
+	}
+	res, err = m.cfg.Store.Acquire(ctx, req)
+	m.guard.record(t, err)
+	return res, err
+}

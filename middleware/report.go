@@ -1,0 +1,102 @@
+package middleware
+
+import (
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// storeError reports a delivery that failed on the store, after a pause
+// (see guard.pause) so that a broker that redelivers a nack at once does
+// not turn a store outage into a storm of calls. The pause ends early if
+// the delivery is cancelled.
+func (m *Idempotency) storeError(d *delivery, err error) ([]*message.Message, error) {
+	sleep(d.msg.Context(), m.guard.pause(), nil)
+	return m.finish(d, OutcomeStoreError, nil, err)
+}
+
+// finish reports the outcome and returns what the handler should return.
+// When err is nil, a non-nil d.ev.Err is kept as the event's error.
+func (m *Idempotency) finish(d *delivery, o Outcome, out []*message.Message, err error) ([]*message.Message, error) {
+	d.ev.Outcome = o
+	if err != nil {
+		d.ev.Err = err
+	}
+	m.log(d)
+	if m.cfg.Observer != nil {
+		m.cfg.Observer.Observe(d.ctx, d.ev)
+	}
+	if err != nil && IsPoison(err) {
+		// It will fail the same way when it comes back: do not let a
+		// broker that redelivers at once spin on it (pace.go).
+		sleep(d.msg.Context(), m.repeats.failed(d.ev.MessageUUID, time.Now()), nil)
+	}
+	return out, err
+}
+
+func (m *Idempotency) fields(d *delivery) watermill.LogFields {
+	f := make(watermill.LogFields, 6)
+	f["idempotency_key"], f["message_uuid"] = d.key, d.ev.MessageUUID
+	if d.ev.Outcome != 0 {
+		f["outcome"] = d.ev.Outcome.String()
+	}
+	if d.ev.Lease.Token != 0 {
+		f["fencing_token"] = d.ev.Lease.Token
+		f["attempt"] = d.ev.Lease.Attempt
+	}
+	if d.ev.Waited > 0 {
+		f["waited"] = d.ev.Waited
+	}
+	return f
+}
+
+func (m *Idempotency) log(d *delivery) {
+	if _, nop := m.cfg.Logger.(watermill.NopLogger); nop {
+		return // spare building the fields
+	}
+	f := m.fields(d)
+	switch o := d.ev.Outcome; o {
+	case OutcomeProcessed, OutcomeHandlerFailed:
+		// Routine; the router logs handler errors itself.
+		m.cfg.Logger.Trace("idempotency: "+o.String(), f)
+	case OutcomeDuplicate, OutcomeInProgress, OutcomeCanceled:
+		m.cfg.Logger.Debug("idempotency: "+o.String(), f)
+	default:
+		if m.logs.allow(o, time.Now(), f) {
+			m.cfg.Logger.Error("idempotency: "+o.String(), d.ev.Err, f)
+		}
+	}
+}
+
+// logLimit lets through at most one error line per outcome per second; a
+// line after suppressed ones carries their count, so that a flood of
+// failures (a store down, a stream of messages without a key) is visible
+// without one line per delivery.
+type logLimit struct {
+	mu    sync.Mutex
+	state [numOutcomes + 1]struct {
+		last       time.Time
+		suppressed int
+	}
+}
+
+const logInterval = time.Second
+
+// allow reports whether a line for outcome o may be logged now and adds
+// the count of the lines suppressed since the last one to f.
+func (l *logLimit) allow(o Outcome, now time.Time, f watermill.LogFields) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := &l.state[o]
+	if !st.last.IsZero() && now.Sub(st.last) < logInterval {
+		st.suppressed++
+		return false
+	}
+	if st.suppressed > 0 {
+		f["suppressed_since_last"] = st.suppressed
+	}
+	st.last, st.suppressed = now, 0
+	return true
+}
