@@ -14,17 +14,23 @@ func inspect(ctx context.Context, store backends.Store) error {
 	// snippet:inspect
 	rec, err := store.Inspect(ctx, "charge-order:order-42")
 	if errors.Is(err, backends.ErrNotFound) {
-		// never seen, or its retention has passed
+		return nil // never seen, or its retention has passed
+	}
+	if err != nil {
+		return err
 	}
 	fmt.Println(rec.State, rec.Owner, rec.Token, rec.Attempt, rec.LeaseExpiresAt, rec.CompletedAt, rec.ExpiresAt)
 
 	// The messages a duplicate of a completed key gets replayed:
 	out, err := backends.DecodeOutput(rec.Output)
+	if err != nil {
+		return err
+	}
 	for _, msg := range out {
 		fmt.Println(msg.UUID, msg.Metadata, len(msg.Payload))
 	}
 	// end snippet
-	return err
+	return nil
 }
 
 func deleteKey(ctx context.Context, store backends.Store) error {
