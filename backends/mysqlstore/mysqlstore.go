@@ -32,7 +32,7 @@ type Execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-// Defaults for [Options].
+// DefaultTable is the table [Options] defaults to.
 const DefaultTable = "idempotency_keys"
 
 // Flavor is the server's SQL dialect, as far as the store cares.

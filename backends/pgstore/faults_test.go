@@ -46,7 +46,7 @@ func TestBackendTerminatedMidAcquire(t *testing.T) {
 	_, err = locker.Exec(ctx, `SELECT 1 FROM `+pgx.Identifier{onPool.Options().Schema, onPool.Options().Table}.Sanitize()+` WHERE key = $1 FOR UPDATE`, []byte("k"))
 	require.NoError(t, err)
 
-	var pid uint32 = conn.PgConn().PID()
+	pid := conn.PgConn().PID()
 	done := make(chan error, 1)
 	go func() {
 		_, err := onConn.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "victim", LeaseTTL: time.Minute, Retention: time.Hour})

@@ -105,7 +105,7 @@ func label(set attribute.Set, keys []attribute.Key) string {
 	parts := make([]string, len(keys))
 	for i, k := range keys {
 		v, _ := set.Value(k)
-		parts[i] = v.Emit()
+		parts[i] = v.String()
 	}
 	return strings.Join(parts, "/")
 }
@@ -115,7 +115,7 @@ func attributeValues(data map[string]metricdata.Aggregation) []string {
 	var out []string
 	add := func(set attribute.Set) {
 		for _, kv := range set.ToSlice() {
-			out = append(out, kv.Value.Emit())
+			out = append(out, kv.Value.String())
 		}
 	}
 	for _, agg := range data {
@@ -350,7 +350,7 @@ func describeAttrs(t *testing.T, attrs []attribute.KeyValue) string {
 			parts = append(parts, name+">0")
 			continue
 		}
-		parts = append(parts, name+"="+kv.Value.Emit())
+		parts = append(parts, name+"="+kv.Value.String())
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, " ")

@@ -198,7 +198,7 @@ func install(ctx context.Context, progs []*program) error {
 	case debianLike() && noApt == nil && os.Geteuid() == 0:
 		// Install them below.
 	case debianLike() && noApt == nil:
-		return fmt.Errorf("the tests need %s, which this machine lacks. Install them, then run the tests again:\n\n    sudo apt-get update && sudo %s\n", names(progs), aptLine)
+		return fmt.Errorf("the tests need %s, which this machine lacks. Install them, then run the tests again:\n\n    sudo apt-get update && sudo %s", names(progs), aptLine)
 	case runtime.GOOS == "darwin":
 		return fmt.Errorf("the tests need %s, which this machine lacks. Install them (Homebrew: brew install redis postgresql@15 mariadb rabbitmq node; a C compiler: xcode-select --install), put them on PATH and run the tests again", names(progs))
 	default:
