@@ -31,7 +31,10 @@ func ok(*message.Message) ([]*message.Message, error) { return nil, nil }
 // call may return success before the body has finished.
 func TestConcurrentDeliveriesNeverAckedWhileRunning(t *testing.T) {
 	const n = 50
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), nil)
+	store := &countingStore{Store: memstore.New(memstore.Options{})}
+	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
+		c.InProgressWait = time.Minute // no duplicate gives up before the body ends, however slow the machine
+	})
 	var runs atomic.Int32
 	var bodyDone atomic.Bool
 	release := make(chan struct{})
@@ -56,7 +59,9 @@ func TestConcurrentDeliveriesNeverAckedWhileRunning(t *testing.T) {
 		})
 	}
 	waitFor(t, "body running", func() bool { return runs.Load() == 1 })
-	waitFor(t, "the others waiting", func() bool { return counters.Waited() == 0 && total(counters) == 0 })
+	// A duplicate watches the key once it found it in progress: all of
+	// them wait for the body when it finishes.
+	waitFor(t, "the others waiting", func() bool { return store.watches.Load() == n-1 })
 	time.Sleep(50 * time.Millisecond)
 	close(release)
 	wg.Wait()
@@ -65,6 +70,7 @@ func TestConcurrentDeliveriesNeverAckedWhileRunning(t *testing.T) {
 	require.Zero(t, ackedEarly.Load(), "a duplicate was acked while the body ran")
 	require.EqualValues(t, n, acked.Load(), "every delivery acked after completion")
 	require.EqualValues(t, n-1, counters.Count(middleware.OutcomeDuplicate))
+	require.EqualValues(t, n-1, counters.Waited(), "every duplicate waited for the body")
 }
 
 func TestInProgressAfterWaitIsNacked(t *testing.T) {

@@ -41,7 +41,7 @@ func TestStormMariaDB(t *testing.T) {
 			require.NoError(t, err)
 			return s
 		},
-	}.Run(t).Check(t)
+	}.Run(t)
 }
 
 // newTable creates a business table in MariaDB that checks fencing

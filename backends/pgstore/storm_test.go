@@ -30,7 +30,7 @@ func pool(t testing.TB, maxConns int) *pgxpool.Pool {
 // its own pool of 8 connections for the store (so acquisitions take at
 // most 4 by default), three copies of each of 2,000 keys at once, the
 // default configuration, effects through a fenced sink
-// (storetest.Report.Check).
+// (storetest.Storm.Run).
 func TestStormPostgres(t *testing.T) {
 	opts := newStore(t, testserver.PostgresPool(t), pgstore.Options{}).Options()
 	storetest.Storm{
@@ -41,7 +41,7 @@ func TestStormPostgres(t *testing.T) {
 			t.Cleanup(func() { _ = s.Close() })
 			return s
 		},
-	}.Run(t).Check(t)
+	}.Run(t)
 }
 
 // newTable creates a business table in Postgres that checks fencing

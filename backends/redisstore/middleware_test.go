@@ -63,7 +63,7 @@ func TestRedisUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 // once); some handlers fail their first attempt. The configuration is the
 // default one. Every key's effect is applied exactly once through a fenced
 // sink, no delivery is acked before its key's effect, and completions are
-// recorded (storetest.Report.Check). make test-stress runs it with every core
+// recorded (storetest.Storm.Run). make test-stress runs it with every core
 // loaded by CPU hogs; docs/reliability.md has the figures.
 func TestStormRedis(t *testing.T) {
 	redisStorm(t, testserver.RedisClient(t).Options().Addr)
@@ -82,7 +82,7 @@ func redisStorm(t *testing.T, addr string) {
 			require.NoError(t, err)
 			return s
 		},
-	}.Run(t).Check(t)
+	}.Run(t)
 }
 
 // The happy path costs exactly two store round trips: Acquire and

@@ -31,7 +31,7 @@
 // routers, each with its own store as separate service instances have,
 // receive copies of the same keys at once and apply each key's effect
 // through a fenced [Sink], which refuses a fencing token below the highest
-// it applied for the key. [Report.Check] fails the test unless every key's
+// it applied for the key. [Storm.Run] fails the test unless every key's
 // effect was applied exactly once and no delivery was acked before its
 // key's effect. [Race] races many clients for a few keys through the store
 // alone, with takeovers of abandoned leases.
@@ -40,7 +40,7 @@
 //		storetest.Storm{
 //			Instances: 8, Keys: 2000, Copies: 3,
 //			Store: func(t testing.TB, i int) backends.Store { return newMyStore(t) },
-//		}.Run(t).Check(t)
+//		}.Run(t)
 //	}
 //
 // A SQL store that completes a key in the caller's transaction runs

@@ -75,7 +75,7 @@ func Run(t *testing.T, newFixture func(t *testing.T) Fixture) {
 			s := start(t)
 			w, ok := s.Store.(backends.Watcher)
 			if !ok {
-				return
+				t.Skipf("%T does not implement backends.Watcher", s.Store)
 			}
 			tc.fn(t, s, w)
 		})
@@ -799,7 +799,7 @@ func testOwners(t *testing.T, s *suite) {
 func testPoolSize(t *testing.T, s *suite) {
 	ps, ok := s.Store.(backends.PoolSizer)
 	if !ok {
-		return // an optional capability
+		t.Skipf("%T does not implement backends.PoolSizer, an optional capability", s.Store)
 	}
 	n := ps.PoolSize()
 	require.GreaterOrEqual(t, n, 0)

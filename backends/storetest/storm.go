@@ -40,10 +40,10 @@ var errInjected = errors.New("storetest: injected handler failure")
 // Storm is a storm of duplicates against a store: several Watermill
 // routers, each with its own GoChannel and its own store (as separate
 // service instances have), receive copies of the same keys at once and
-// apply each key's effect through fenced [Effects]. Its [Report] measures
-// the promise itself: every key's effect applied exactly once, no delivery
-// acked before its key's effect was applied, and how often the lease alone
-// (without the fence) held.
+// apply each key's effect through fenced [Effects]. [Storm.Run] fails the
+// test unless the promise held: every key's effect applied exactly once,
+// no delivery acked before its key's effect was applied. Its [Report]
+// measures, besides, how often the lease alone (without the fence) held.
 //
 // Copy c of key k goes to instance (k+c) mod Instances under a new message
 // UUID, as a producer retry would, all copies at once.
@@ -81,8 +81,13 @@ func failsFirst(key string) bool {
 	return h.Sum32()%3 == 0
 }
 
-// Run runs the storm and returns its report once every delivery was acked
-// (failing the test if that takes longer than Timeout).
+// Run runs the storm until every delivery was acked, logs its report, and
+// fails the test unless the storm kept the promise: every key's effect
+// applied exactly once, no delivery acked before its key's effect was
+// applied, completions recorded for all but at most 0.1% of keys, and, in
+// a run where no lease was lost or taken over, no key's write reached by
+// two leases. It fails the test too if the deliveries are not all acked
+// within Timeout. The report is returned for the caller's own checks.
 func (s Storm) Run(t testing.TB) Report {
 	t.Helper()
 	if s.Timeout == 0 {
@@ -125,7 +130,9 @@ func (s Storm) Run(t testing.TB) Report {
 	start := time.Now()
 	publishCopies(t, pubs, s.Keys, s.Copies)
 	st.waitAcked(t, int64(s.Keys*s.Copies), s.Timeout)
-	return st.report(t, s, time.Since(start))
+	r := st.report(t, s, time.Since(start))
+	r.check(t)
+	return r
 }
 
 func defaultHandler(sink *Sink) message.HandlerFunc {
@@ -345,12 +352,9 @@ func (r Report) String() string {
 	return b.String()
 }
 
-// Check fails the test unless the storm kept the promise: every key's
-// effect applied exactly once, no delivery acked before its key's effect
-// was applied, completions recorded for all but at most 0.1% of keys,
-// and, in a run where no lease was lost or taken over, no key's write
-// reached by two leases.
-func (r Report) Check(t testing.TB) {
+// check logs the report and fails the test unless the storm kept the
+// promise, as [Storm.Run] states it.
+func (r Report) check(t testing.TB) {
 	t.Helper()
 	t.Log(r.String())
 	for _, err := range r.Errors {
