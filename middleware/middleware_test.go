@@ -33,7 +33,7 @@ func TestConcurrentDeliveriesNeverAckedWhileRunning(t *testing.T) {
 	const n = 50
 	store := &countingStore{Store: memstore.New(memstore.Options{})}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
-		c.InProgressWait = time.Minute // no duplicate gives up before the body ends, however slow the machine
+		c.Timing.InProgressWait = time.Minute // no duplicate gives up before the body ends, however slow the machine
 	})
 	var runs atomic.Int32
 	var bodyDone atomic.Bool
