@@ -111,7 +111,7 @@ func run(ctx context.Context, cfg config, withDemo bool) error {
 	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{ReplaceAttr: withoutTime}))
 	// Watermill's info lines (subscribing, starting a handler) are debug
 	// here; its warnings and errors are logged.
-	wmLogger := watermill.NewSlogLoggerWithLevelMapping(logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
+	wmLogger := shutdownIsNoError{watermill.NewSlogLoggerWithLevelMapping(logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})}
 	stream, group, poisonStream := cfg.prefix+"orders", cfg.prefix+"billing", cfg.prefix+"orders.poison"
 
 	// A Redis client for each use: the leases' keeping never waits behind
@@ -320,4 +320,21 @@ func withoutTime(groups []string, a slog.Attr) slog.Attr {
 		return slog.Attr{}
 	}
 	return a
+}
+
+// shutdownIsNoError logs at debug the errors that only say a call was
+// cancelled: the shutdown cancels the subscribers' reads in progress, and
+// watermill-redisstream logs each as an error, up to half a second later.
+type shutdownIsNoError struct{ watermill.LoggerAdapter }
+
+func (l shutdownIsNoError) Error(msg string, err error, fields watermill.LogFields) {
+	if errors.Is(err, context.Canceled) {
+		l.LoggerAdapter.Debug(msg+": "+err.Error(), fields)
+		return
+	}
+	l.LoggerAdapter.Error(msg, err, fields)
+}
+
+func (l shutdownIsNoError) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return shutdownIsNoError{l.LoggerAdapter.With(fields)}
 }
