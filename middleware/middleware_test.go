@@ -291,7 +291,8 @@ func TestAmbiguousAcquireRetriedReentrantly(t *testing.T) {
 		return nil, nil
 	})(newMsg("k", "x"))
 	require.NoError(t, err)
-	require.True(t, lease.Reentrant)
+	require.EqualValues(t, 1, lease.Token, "the lease it got back, not a new one")
+	require.Equal(t, 1, lease.Attempt)
 	require.EqualValues(t, 2, store.acquires.Load())
 	require.EqualValues(t, 1, counters.Count(middleware.OutcomeProcessed))
 }

@@ -192,7 +192,7 @@ func (s *Store) get(ctx context.Context, key string) (it item, ok bool, err erro
 
 // Inspect implements [backends.Store], with a strongly consistent read.
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return backends.Record{}, err
 	}
 	it, ok, err := s.get(ctx, key)
@@ -211,7 +211,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 
 // Delete implements [backends.Store].
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return err
 	}
 	out, err := s.api.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: s.table, Key: keyOf(key), ReturnValues: types.ReturnValueAllOld})
@@ -237,7 +237,7 @@ const held = `#owner = :owner AND #token = :token AND #state = :one AND #forget 
 
 // heldUpdate runs set on the lease's record if the lease is still held.
 func (s *Store) heldUpdate(ctx context.Context, op string, lease backends.Lease, set string, more map[string]types.AttributeValue) error {
-	if err := lease.Validate(); err != nil {
+	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
 	now := s.now().UnixMilli()
@@ -255,7 +255,7 @@ func (s *Store) heldUpdate(ctx context.Context, op string, lease backends.Lease,
 
 // Renew implements [backends.Store].
 func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
-	if err := backends.ValidateLeaseTTL(ttl); err != nil {
+	if err := storekit.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
 	until := s.now().UnixMilli() + ms(ttl)

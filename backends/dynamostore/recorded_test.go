@@ -196,7 +196,7 @@ func TestRecordedAllOldReentrant(t *testing.T) {
 	res, err := s.Acquire(ctx(t), backends.AcquireRequest{Key: "order-1003", Owner: "consumer-a", LeaseTTL: 30 * time.Second, Retention: 24 * time.Hour})
 	require.NoError(t, err)
 	require.Equal(t, backends.Acquired, res.Status)
-	require.True(t, res.Lease.Reentrant)
+	require.True(t, res.Reentrant)
 	require.Equal(t, int64(5), res.Lease.Token, "the same token")
 	require.Equal(t, 1, res.Lease.Attempt)
 }

@@ -379,7 +379,7 @@ func us(d time.Duration) int64 { return int64((d + time.Microsecond - 1) / time.
 // ... ON DUPLICATE KEY UPDATE ... RETURNING), the same upsert and a read
 // of the row in one transaction on MySQL.
 func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateAcquire(req); err != nil {
 		return backends.AcquireResult{}, err
 	}
 	flavor, err := s.Flavor(ctx)
@@ -453,10 +453,8 @@ func (a *acquired) result(req backends.AcquireRequest) (backends.AcquireResult, 
 	switch {
 	case a.how != howRefused && a.state == 1 && string(a.owner) == req.Owner:
 		res.Status = backends.Acquired
-		res.Lease = backends.Lease{
-			Key: req.Key, Owner: req.Owner, Token: a.token, Attempt: int(a.attempt),
-			Takeover: a.how == howTakeover, Reentrant: a.how == howReentrant,
-		}
+		res.Lease = backends.Lease{Key: req.Key, Owner: req.Owner, Token: a.token, Attempt: int(a.attempt), Takeover: a.how == howTakeover}
+		res.Reentrant = a.how == howReentrant
 	case a.state == 3:
 		res.Status = backends.Completed
 		res.CompletedAt = micros(a.completedUs.Int64)
@@ -484,7 +482,7 @@ func nilIfEmpty(b []byte) []byte {
 // matched (unless the DSN sets clientFoundRows), so an update that
 // changed nothing is checked with a read before it counts as lost.
 func (s *Store) held(ctx context.Context, db Execer, op, query string, lease backends.Lease, args ...any) error {
-	if err := lease.Validate(); err != nil {
+	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
 	args = append(args, []byte(lease.Key), []byte(lease.Owner), lease.Token)
@@ -531,7 +529,7 @@ func (s *Store) held(ctx context.Context, db Execer, op, query string, lease bac
 
 // Renew implements [backends.Store].
 func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
-	if err := backends.ValidateLeaseTTL(ttl); err != nil {
+	if err := storekit.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
 	return s.held(ctx, s.db, "renew", s.sql.renew, lease, us(ttl), us(ttl))
@@ -614,7 +612,7 @@ func scanRecord(row scanner) (backends.Record, error) {
 
 // Inspect implements [backends.Store].
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return backends.Record{}, err
 	}
 	rec, err := scanRecord(s.db.QueryRowContext(ctx, s.sql.inspect, []byte(key)))
@@ -630,7 +628,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 // Delete implements [backends.Store]: a record past its retention is
 // deleted too, but reported as not found, as it already counted as absent.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return err
 	}
 	var n int64

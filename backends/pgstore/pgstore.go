@@ -283,7 +283,7 @@ func us(d time.Duration) int64 { return int64((d + time.Microsecond - 1) / time.
 
 // Acquire implements [backends.Store].
 func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateAcquire(req); err != nil {
 		return backends.AcquireResult{}, err
 	}
 	var (
@@ -314,10 +314,8 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 		res.Output = nilIfEmpty(output)
 	case state == 1 && owner == req.Owner:
 		res.Status = backends.Acquired
-		res.Lease = backends.Lease{
-			Key: req.Key, Owner: owner, Token: token, Attempt: int(attempt),
-			Takeover: how == 1, Reentrant: how == 2,
-		}
+		res.Lease = backends.Lease{Key: req.Key, Owner: owner, Token: token, Attempt: int(attempt), Takeover: how == 1}
+		res.Reentrant = how == 2
 	case state == 1:
 		res.Status = backends.InProgress
 		res.Remaining = leaseExp.Sub(now)
@@ -337,7 +335,7 @@ func nilIfEmpty(b []byte) []byte {
 // held runs on db (the store's own, or the caller's transaction) an
 // UPDATE that matches only the lease's own live record.
 func (s *Store) held(ctx context.Context, db DB, op, sql string, lease backends.Lease, args ...any) error {
-	if err := lease.Validate(); err != nil {
+	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
 	tag, err := db.Exec(ctx, sql, append([]any{[]byte(lease.Key), lease.Owner, lease.Token}, args...)...)
@@ -352,7 +350,7 @@ func (s *Store) held(ctx context.Context, db DB, op, sql string, lease backends.
 
 // Renew implements [backends.Store].
 func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
-	if err := backends.ValidateLeaseTTL(ttl); err != nil {
+	if err := storekit.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
 	return s.held(ctx, s.db, "renew", s.sql.renew, lease, us(ttl))
@@ -388,7 +386,7 @@ func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
 
 // Inspect implements [backends.Store].
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return backends.Record{}, err
 	}
 	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.inspect, []byte(key)))
@@ -440,7 +438,7 @@ func scanRecord(row pgx.Row) (backends.Record, error) {
 
 // Delete implements [backends.Store].
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return err
 	}
 	var n int64

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 var _ backends.Watcher = (*Store)(nil)
@@ -107,13 +108,13 @@ func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(),
 	}
 	marked, err := s.mark(ctx, key)
 	if err != nil {
-		l.drop(id, w, false)
+		w.Stop()
 		return nil, func() {}, false
 	}
 	if !marked {
-		l.drop(id, w, true) // the caller looks at the store again
+		w.Wake() // the caller looks at the store again
 	}
-	return w.changed, func() { l.drop(id, w, false) }, true
+	return w.Changed(), w.Stop, true
 }
 
 // mark sets the waited mark on the row of key's lease in progress, unless
@@ -163,12 +164,15 @@ type listener struct {
 	channel string
 	idle    time.Duration
 
-	mu      sync.Mutex
-	state   listenState
-	ready   chan struct{} // closed when the first connection attempt ends
-	watches map[string]map[*watch]struct{}
-	cancel  context.CancelFunc // ends the goroutine; nil until started
-	done    chan struct{}      // closed when the goroutine has ended
+	mu     sync.Mutex
+	state  listenState
+	ready  chan struct{}      // closed when the first connection attempt ends
+	cancel context.CancelFunc // ends the goroutine; nil until started
+	done   chan struct{}      // closed when the goroutine has ended
+	// wakes are the watches, by the key's payload. A watch is added, and
+	// every watch woken on a loss, under mu, so that no watch is added
+	// after the loss that woke the others.
+	wakes storekit.Wakes
 }
 
 type listenState int
@@ -181,18 +185,14 @@ const (
 	closed
 )
 
-// watch is one caller's watch on a key. changed is closed at most once,
-// only by the call that takes the watch out of its listener's map.
-type watch struct{ changed chan struct{} }
-
 func newListener(pool *pgxpool.Pool, channel string) *listener {
-	return &listener{pool: pool, channel: channel, idle: listenIdle, watches: map[string]map[*watch]struct{}{}}
+	return &listener{pool: pool, channel: channel, idle: listenIdle}
 }
 
 // add registers a watch of the key with payload id while the listener
 // listens, starting it if needed and waiting, within ctx, for its first
 // connection attempt.
-func (l *listener) add(ctx context.Context, id string) (*watch, bool) {
+func (l *listener) add(ctx context.Context, id string) (*storekit.Watch, bool) {
 	l.mu.Lock()
 	if l.state == notStarted {
 		var run context.Context
@@ -214,51 +214,11 @@ func (l *listener) add(ctx context.Context, id string) (*watch, bool) {
 	if l.state != listening {
 		return nil, false
 	}
-	w := &watch{changed: make(chan struct{})}
-	if l.watches[id] == nil {
-		l.watches[id] = map[*watch]struct{}{}
-	}
-	l.watches[id][w] = struct{}{}
-	return w, true
+	return l.wakes.Add(id), true
 }
 
-// drop forgets the watch w of id, if it is still registered, and closes
-// its changed if wake.
-func (l *listener) drop(id string, w *watch, wake bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	ws := l.watches[id]
-	if _, ok := ws[w]; !ok {
-		return
-	}
-	if wake {
-		close(w.changed)
-	}
-	delete(ws, w)
-	if len(ws) == 0 {
-		delete(l.watches, id)
-	}
-}
-
-// wake closes and forgets every watch of id.
-func (l *listener) wake(id string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for w := range l.watches[id] {
-		close(w.changed)
-	}
-	delete(l.watches, id)
-}
-
-// wakeAllLocked closes and forgets every watch. The caller holds l.mu.
-func (l *listener) wakeAllLocked() {
-	for _, ws := range l.watches {
-		for w := range ws {
-			close(w.changed)
-		}
-	}
-	clear(l.watches)
-}
+// wake wakes every watch of id.
+func (l *listener) wake(id string) { l.wakes.Wake(id) }
 
 // setState moves to state, unless the listener is closed; leaving
 // starting ends the first attempt's wait.
@@ -280,7 +240,7 @@ func (l *listener) setState(state listenState) bool {
 func (l *listener) lose() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.wakeAllLocked()
+	l.wakes.WakeAll()
 	if l.state == closed {
 		return
 	}
@@ -296,7 +256,7 @@ func (l *listener) close() {
 		close(l.ready)
 	}
 	l.state = closed
-	l.wakeAllLocked()
+	l.wakes.WakeAll()
 	cancel, done := l.cancel, l.done
 	l.mu.Unlock()
 	if cancel != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 // stateScript returns {s, le, now (ms)} for KEYS[1]: what Count needs,
@@ -32,56 +33,24 @@ const scanBatch = 1000
 // returns. It is meant for operators, not for a hot path. It needs a
 // *redis.Client, *redis.ClusterClient or *redis.Ring.
 func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.ListPage, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateList(req); err != nil {
 		return backends.ListPage{}, err
 	}
-	after, _ := req.After()
-	keys, err := s.scan(ctx, req.Prefix())
+	keys, err := s.scan(ctx, storekit.ListPrefix(req.Namespace))
 	if err != nil {
 		return backends.ListPage{}, err
 	}
-	keys = sortedAfter(keys, after)
-	var page backends.ListPage
-	for len(keys) > 0 && len(page.Records) < req.Limit {
-		batch := keys[:min(len(keys), max(req.Limit-len(page.Records), 16))]
-		keys = keys[len(batch):]
-		recs, err := s.inspectMany(ctx, batch)
-		if err != nil {
-			return backends.ListPage{}, err
-		}
-		for _, rec := range recs {
-			if req.State != 0 && rec.State != req.State {
-				continue
-			}
-			page.Records = append(page.Records, rec)
-			if len(page.Records) == req.Limit {
-				page.Cursor = backends.ListCursor(rec.Key)
-				break
-			}
-		}
-	}
-	return page, nil
-}
-
-// sortedAfter sorts keys, drops duplicates (SCAN may return a key twice)
-// and returns those after after.
-func sortedAfter(keys []string, after string) []string {
-	slices.Sort(keys)
-	keys = slices.Compact(keys)
-	i, found := slices.BinarySearch(keys, after)
-	if found {
-		i++
-	}
-	return keys[i:]
+	return storekit.Page(ctx, req, keys, scanBatch, s.inspectMany)
 }
 
 // Count implements [backends.Lister], scanning as List does.
 func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, error) {
-	keys, err := s.scan(ctx, backends.ListRequest{Namespace: namespace}.Prefix())
+	keys, err := s.scan(ctx, storekit.ListPrefix(namespace))
 	if err != nil {
 		return backends.Counts{}, err
 	}
-	keys = sortedAfter(keys, "")
+	slices.Sort(keys)
+	keys = slices.Compact(keys) // SCAN may return a key twice
 	var c backends.Counts
 	for batch := range slices.Chunk(keys, scanBatch) {
 		cmds, err := s.pipelined(ctx, func(p redis.Pipeliner) []*redis.Cmd {
@@ -103,7 +72,7 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 			le, _ := vals[1].(string)
 			leMs, _ := strconv.ParseInt(le, 10, 64)
 			nowMs, _ := vals[2].(int64)
-			c.Add(state(st, time.UnixMilli(leMs), time.UnixMilli(nowMs)))
+			storekit.AddCount(&c, state(st, time.UnixMilli(leMs), time.UnixMilli(nowMs)))
 		}
 	}
 	return c, nil

@@ -116,7 +116,7 @@ func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.
 
 // Acquire implements [backends.Store].
 func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateAcquire(req); err != nil {
 		return backends.AcquireResult{}, err
 	}
 	vals, err := s.calls.run(ctx, acquireScript, s.redisKey(req.Key),
@@ -145,10 +145,8 @@ func parseAcquire(req backends.AcquireRequest, vals []any) (backends.AcquireResu
 		attempt, _ := vals[2].(int64)
 		flags, _ := vals[3].(int64)
 		res.Status = backends.Acquired
-		res.Lease = backends.Lease{
-			Key: req.Key, Owner: req.Owner, Token: token, Attempt: int(attempt),
-			Takeover: flags == 1, Reentrant: flags == 2,
-		}
+		res.Lease = backends.Lease{Key: req.Key, Owner: req.Owner, Token: token, Attempt: int(attempt), Takeover: flags == 1}
+		res.Reentrant = flags == 2
 		res.Fingerprint = bytesOrNil(vals[4])
 	case 2:
 		remaining, _ := vals[1].(int64)
@@ -222,7 +220,7 @@ func bytesOrNil(v any) []byte {
 // checked runs a script that answers 1 when the lease held and 0 when it
 // did not.
 func (s *Store) checked(ctx context.Context, op string, script *redis.Script, lease backends.Lease, args ...any) error {
-	if err := lease.Validate(); err != nil {
+	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
 	args = append([]any{lease.Owner, lease.Token}, args...)
@@ -238,7 +236,7 @@ func (s *Store) checked(ctx context.Context, op string, script *redis.Script, le
 
 // Renew implements [backends.Store].
 func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
-	if err := backends.ValidateLeaseTTL(ttl); err != nil {
+	if err := storekit.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
 	return s.checked(ctx, "renew", renewScript, lease, ms(ttl))
@@ -256,7 +254,7 @@ func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
 
 // Inspect implements [backends.Store].
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return backends.Record{}, err
 	}
 	vals, err := s.calls.run(ctx, inspectScript, s.redisKey(key)).Slice()
@@ -319,7 +317,7 @@ func state(s string, leaseExpires, now time.Time) backends.State {
 
 // Delete implements [backends.Store].
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return err
 	}
 	n, err := s.calls.run(ctx, deleteScript, s.redisKey(key)).Int64()

@@ -153,7 +153,7 @@ func TestAmbiguousAcquireRetryGetsTheLeaseBack(t *testing.T) {
 	res, err := s.Acquire(ctx, req)
 	require.NoError(t, err)
 	require.Equal(t, backends.Acquired, res.Status, "the retry is not told the key is in progress")
-	require.True(t, res.Lease.Reentrant, "%+v", res)
+	require.True(t, res.Reentrant, "%+v", res)
 	require.Equal(t, 1, res.Lease.Attempt)
 
 	other, err := s.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "owner-2", LeaseTTL: time.Minute, Retention: time.Minute})

@@ -16,6 +16,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/dynamostore"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -346,7 +347,7 @@ var listCmd = &command{
 
 // checkCursor refuses a --cursor that no page of the request's namespace
 // printed. A cursor is the last key of its page, base64url-encoded
-// (backends.ListCursor): it must decode, be encoded as a page encodes it,
+// (storekit.ListCursor): it must decode, be encoded as a page encodes it,
 // and name a key in the namespace, which every key the middleware writes
 // has. A store would take any decodable cursor, and answer a mistyped one
 // with a page that is wrongly empty.
@@ -354,14 +355,14 @@ func checkCursor(req backends.ListRequest) error {
 	if req.Cursor == "" {
 		return nil
 	}
-	after, err := req.After()
-	if err != nil || backends.ListCursor(after) != req.Cursor {
+	after, err := storekit.ParseListCursor(req.Cursor)
+	if err != nil || storekit.ListCursor(after) != req.Cursor {
 		return fmt.Errorf("--cursor %q is not a cursor idem list printed", req.Cursor)
 	}
 	if ns, _, ok := strings.Cut(after, ":"); !ok || ns == "" {
 		return fmt.Errorf("--cursor %q is not a cursor idem list printed: it names no namespace:key", req.Cursor)
 	}
-	if !strings.HasPrefix(after, req.Prefix()) {
+	if !strings.HasPrefix(after, storekit.ListPrefix(req.Namespace)) {
 		return fmt.Errorf("--cursor %q is not a cursor of namespace %q: it continues after %q", req.Cursor, req.Namespace, after)
 	}
 	return nil

@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -405,7 +406,7 @@ func testListAndStats(t *testing.T, env []string) {
 		{"--cursor", "not a cursor"},
 		{"--cursor", "notacursor"},
 		{"--cursor", "notacursor", "--namespace", "page"},
-		{"--cursor", backends.ListCursor("stats:s1"), "--namespace", "page"},
+		{"--cursor", storekit.ListCursor("stats:s1"), "--namespace", "page"},
 	} {
 		r := idem(t, env, "", append([]string{"list"}, c...)...)
 		require.Equal(t, exitError, r.code, "%v: %s%s", c, r.stdout, r.stderr)
