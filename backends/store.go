@@ -53,6 +53,19 @@ var (
 	ErrRejected = errors.New("backends: rejected by the store")
 )
 
+// Errors returned by the constructors of every store. A store wraps them
+// with its name and what it refused ("pgstore: backends: invalid options:
+// ..."); callers compare with [errors.Is].
+var (
+	// ErrNilClient: the constructor was given no client (or database, or
+	// pool), or a typed nil one. No store panics on it.
+	ErrNilClient = errors.New("backends: nil client")
+
+	// ErrInvalidOptions: the constructor was given options out of range,
+	// or a client it cannot serve every capability with.
+	ErrInvalidOptions = errors.New("backends: invalid options")
+)
+
 // IsPermanent reports whether a store error is one retrying cannot fix:
 // it wraps [ErrInvalidRequest] or [ErrRejected].
 func IsPermanent(err error) bool {

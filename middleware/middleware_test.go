@@ -31,7 +31,7 @@ func ok(*message.Message) ([]*message.Message, error) { return nil, nil }
 // call may return success before the body has finished.
 func TestConcurrentDeliveriesNeverAckedWhileRunning(t *testing.T) {
 	const n = 50
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), nil)
+	m, counters := newMiddleware(t, newMemstore(), nil)
 	var runs atomic.Int32
 	var bodyDone atomic.Bool
 	release := make(chan struct{})
@@ -68,7 +68,7 @@ func TestConcurrentDeliveriesNeverAckedWhileRunning(t *testing.T) {
 }
 
 func TestInProgressAfterWaitIsNacked(t *testing.T) {
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+	m, counters := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
 		c.InProgressWait = 30 * time.Millisecond
 	})
 	release := make(chan struct{})
@@ -90,7 +90,7 @@ func TestInProgressAfterWaitIsNacked(t *testing.T) {
 }
 
 func TestNegativeWaitNacksAtOnce(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{})}
+	store := &faultStore{Store: newMemstore()}
 	m, _ := newMiddleware(t, store, func(c *middleware.Config) { c.InProgressWait = -1 })
 	_, err := store.Store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "other", LeaseTTL: time.Minute, Retention: time.Minute})
 	require.NoError(t, err)
@@ -103,7 +103,7 @@ func TestNegativeWaitNacksAtOnce(t *testing.T) {
 // A holder that crashed stops renewing; a duplicate waits for its lease to
 // run out and takes over.
 func TestTakeoverOfCrashedHolder(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, nil)
 	crashed, err := store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "crashed", LeaseTTL: 100 * time.Millisecond, Retention: time.Minute})
 	require.NoError(t, err)
@@ -124,7 +124,7 @@ func TestTakeoverOfCrashedHolder(t *testing.T) {
 // A holder that fails releases the key; a duplicate waiting for it takes
 // the key at once and processes it.
 func TestWaitingDuplicateProcessesAfterHolderFails(t *testing.T) {
-	store := &countingStore{Store: memstore.New(memstore.Options{})}
+	store := &countingStore{Store: newMemstore()}
 	m, counters := newMiddleware(t, store, nil)
 	release := make(chan struct{})
 	var runs atomic.Int32
@@ -150,7 +150,7 @@ func TestWaitingDuplicateProcessesAfterHolderFails(t *testing.T) {
 }
 
 func TestPanicReleasesAndRepanics(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, nil)
 	h := m.Middleware(func(*message.Message) ([]*message.Message, error) { panic("handler bug") })
 	func() {
@@ -164,7 +164,7 @@ func TestPanicReleasesAndRepanics(t *testing.T) {
 }
 
 func TestHandlerErrorReleasesAndIsReturned(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, _ := newMiddleware(t, store, nil)
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, errBoom })(newMsg("k", "x"))
 	require.ErrorIs(t, err, errBoom)
@@ -174,7 +174,7 @@ func TestHandlerErrorReleasesAndIsReturned(t *testing.T) {
 }
 
 func TestLeaseIsInTheHandlerContext(t *testing.T) {
-	m, _ := newMiddleware(t, memstore.New(memstore.Options{}), nil)
+	m, _ := newMiddleware(t, newMemstore(), nil)
 	msg := newMsg("k", "x")
 	orig := msg.Context()
 	var lease backends.Lease
@@ -197,7 +197,7 @@ func TestLeaseIsInTheHandlerContext(t *testing.T) {
 // takes it over): the next renewal finds the lease lost, the handler's
 // context is cancelled with ErrLeaseLost, and the message is nacked.
 func TestLeaseLostCancelsHandlerAndNacks(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.LeaseTTL = 60 * time.Millisecond })
 	var cause error
 	out, err := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
@@ -216,7 +216,7 @@ func TestLeaseLostCancelsHandlerAndNacks(t *testing.T) {
 // fail. The handler's context is cancelled while the lease is still live
 // on the store, so no other worker can have taken over yet.
 func TestStoreUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
-	inner := memstore.New(memstore.Options{})
+	inner := newMemstore()
 	store := &faultStore{Store: inner}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.LeaseTTL = time.Second }) // a 100ms margin
 	var stateAtCancel backends.State
@@ -237,7 +237,7 @@ func TestStoreUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 // Renewals keep a long handler's lease: a duplicate arriving after several
 // TTLs still finds it in progress.
 func TestRenewalKeepsLongHandlerLease(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{})}
+	store := &faultStore{Store: newMemstore()}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.LeaseTTL = 300 * time.Millisecond // renewed every 100ms, with a 30ms margin
 		c.InProgressWait = -1
@@ -257,7 +257,7 @@ func TestRenewalKeepsLongHandlerLease(t *testing.T) {
 }
 
 func TestStoreDownFailsClosed(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
+	store := &faultStore{Store: newMemstore(), acquireErr: errors.New("connection refused")}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.StoreTimeout = 50 * time.Millisecond })
 	var runs atomic.Int32
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil })(newMsg("k", "x"))
@@ -268,7 +268,7 @@ func TestStoreDownFailsClosed(t *testing.T) {
 }
 
 func TestStoreDownFailOpen(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
+	store := &faultStore{Store: newMemstore(), acquireErr: errors.New("connection refused")}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.StoreTimeout = 50 * time.Millisecond
 		c.FailOpen = true
@@ -283,7 +283,7 @@ func TestStoreDownFailOpen(t *testing.T) {
 // The store applied the Acquire but the reply was lost; the retry with the
 // same owner gets the lease back rather than finding it in progress.
 func TestAmbiguousAcquireRetriedReentrantly(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}), ambiguous: 1}
+	store := &faultStore{Store: newMemstore(), ambiguous: 1}
 	m, counters := newMiddleware(t, store, nil)
 	var lease backends.Lease
 	_, err := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
@@ -318,7 +318,7 @@ func TestKeyErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m, counters := newMiddleware(t, memstore.New(memstore.Options{}), tc.cfg)
+			m, counters := newMiddleware(t, newMemstore(), tc.cfg)
 			_, err := m.Middleware(run)(tc.msg)
 			var ke *middleware.KeyError
 			require.ErrorAs(t, err, &ke)
@@ -334,7 +334,7 @@ func TestKeyErrors(t *testing.T) {
 }
 
 func TestKeyErrorProcessPolicy(t *testing.T) {
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+	m, counters := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
 		c.OnKeyError = middleware.KeyErrorProcess
 	})
@@ -346,7 +346,7 @@ func TestKeyErrorProcessPolicy(t *testing.T) {
 }
 
 func TestFingerprintMismatch(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
 		c.Fingerprint = middleware.PayloadFingerprint
@@ -397,7 +397,7 @@ func TestFingerprintMismatch(t *testing.T) {
 // so a 70 KiB message is processed once, its duplicate dropped and another
 // payload under its key refused, on every store alike.
 func TestLongFingerprintIsHashed(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
 		c.Fingerprint = func(msg *message.Message) []byte { return msg.Payload }
@@ -426,7 +426,7 @@ func TestLongFingerprintIsHashed(t *testing.T) {
 func TestFingerprintMismatchIgnorePolicy(t *testing.T) {
 	var events []middleware.Event
 	var mu sync.Mutex
-	m, _ := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+	m, _ := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
 		c.Fingerprint = middleware.PayloadFingerprint
 		c.OnFingerprintMismatch = middleware.MismatchIgnore
@@ -448,7 +448,7 @@ func TestFingerprintMismatchIgnorePolicy(t *testing.T) {
 }
 
 func TestOutputTooLargeReleases(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.MaxOutputBytes = 100 })
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) {
 		return []*message.Message{newMsg("o", strings.Repeat("x", 200))}, nil
@@ -473,7 +473,7 @@ func (s limitedStore) MaxOutputBytes() int { return s.limit }
 // output the store cannot hold is the middleware's typed error, and a
 // configuration above it is refused.
 func TestStoreOutputLimit(t *testing.T) {
-	store := limitedStore{memstore.New(memstore.Options{}), 300}
+	store := limitedStore{newMemstore(), 300}
 	m, counters := newMiddleware(t, store, nil)
 	produce := func(n int) message.HandlerFunc {
 		return func(*message.Message) ([]*message.Message, error) {
@@ -492,12 +492,12 @@ func TestStoreOutputLimit(t *testing.T) {
 	require.ErrorContains(t, err, "store's limit 300")
 	_, err = middleware.New(middleware.Config{Store: store, MaxOutputBytes: 200})
 	require.NoError(t, err, "a lower limit than the store's is the user's choice")
-	_, err = middleware.New(middleware.Config{Store: limitedStore{memstore.New(memstore.Options{}), 0}})
+	_, err = middleware.New(middleware.Config{Store: limitedStore{newMemstore(), 0}})
 	require.NoError(t, err, "0: the store sets no limit")
 }
 
 func TestCorruptStoredOutputIsAnError(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	res, err := store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, store.Complete(context.Background(), res.Lease, []byte{9, 9, 9}))
@@ -507,7 +507,7 @@ func TestCorruptStoredOutputIsAnError(t *testing.T) {
 }
 
 func TestMessageContextCancelledWhileWaiting(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	_, err := store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "other", LeaseTTL: time.Minute, Retention: time.Minute})
 	require.NoError(t, err)
 	m, counters := newMiddleware(t, store, nil)
@@ -522,7 +522,7 @@ func TestMessageContextCancelledWhileWaiting(t *testing.T) {
 }
 
 func TestNewRejectsInvalidConfig(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	tests := map[string]middleware.Config{
 		"no store":              {},
 		"bad extractor":         {Store: store, Key: keyfunc.JSONField()},
@@ -568,7 +568,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 }
 
 func TestNewDoesNotModifyCallersConfig(t *testing.T) {
-	cfg := middleware.Config{Store: memstore.New(memstore.Options{})}
+	cfg := middleware.Config{Store: newMemstore()}
 	before := cfg
 	_, err := middleware.New(cfg)
 	require.NoError(t, err)
@@ -580,7 +580,7 @@ func TestNewDoesNotModifyCallersConfig(t *testing.T) {
 // reports the lease lost. The delivery is still processed and acked: the
 // key was completed under this very lease.
 func TestHandlerCompletedKeyIsNotALostLease(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	var events []middleware.Event
 	m, _ := newMiddleware(t, store, func(c *middleware.Config) {
 		c.LeaseTTL = 30 * time.Millisecond

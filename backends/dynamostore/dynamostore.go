@@ -51,15 +51,6 @@ const (
 	MaxFingerprintBytes = backends.MaxFingerprintBytes
 )
 
-// Errors returned by [New].
-var (
-	// ErrNilClient: New was given no client.
-	ErrNilClient = errors.New("dynamostore: nil client")
-	// ErrInvalidOptions is wrapped by New's errors for options out of
-	// range: a table name DynamoDB refuses, a ClockSkew over MaxClockSkew.
-	ErrInvalidOptions = errors.New("dynamostore: invalid options")
-)
-
 // Options configures a [Store]. The zero value is ready to use.
 type Options struct {
 	// Table is the records' table; [Store.CreateTable] creates it.
@@ -85,10 +76,13 @@ type Store struct {
 	now   func() time.Time
 }
 
-// New returns a store on api. It does not contact DynamoDB.
+// New returns a store on api. It does not contact DynamoDB. It returns an
+// error wrapping [backends.ErrNilClient] for a nil api, and one wrapping
+// [backends.ErrInvalidOptions] for a table name DynamoDB refuses or a
+// ClockSkew over MaxClockSkew.
 func New(api API, opts Options) (*Store, error) {
 	if storekit.IsNil(api) {
-		return nil, ErrNilClient
+		return nil, fmt.Errorf("dynamostore: %w", backends.ErrNilClient)
 	}
 	if opts.Table == "" {
 		opts.Table = DefaultTable
@@ -97,10 +91,10 @@ func New(api API, opts Options) (*Store, error) {
 		opts.ClockSkew = DefaultClockSkew
 	}
 	if opts.ClockSkew > MaxClockSkew {
-		return nil, fmt.Errorf("%w: ClockSkew %v is over %v", ErrInvalidOptions, opts.ClockSkew, MaxClockSkew)
+		return nil, fmt.Errorf("dynamostore: %w: ClockSkew %v is over %v", backends.ErrInvalidOptions, opts.ClockSkew, MaxClockSkew)
 	}
 	if n := len(opts.Table); n < 3 || n > 255 || !validTableName(opts.Table) {
-		return nil, fmt.Errorf("%w: table name %q: 3 to 255 of a-z, A-Z, 0-9, '_', '-' and '.'", ErrInvalidOptions, opts.Table)
+		return nil, fmt.Errorf("dynamostore: %w: table name %q: 3 to 255 of a-z, A-Z, 0-9, '_', '-' and '.'", backends.ErrInvalidOptions, opts.Table)
 	}
 	return &Store{api: api, table: aws.String(opts.Table), opts: opts, skew: ms(max(opts.ClockSkew, 0)), now: time.Now}, nil
 }

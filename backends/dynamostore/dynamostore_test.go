@@ -176,16 +176,17 @@ func TestNewValidates(t *testing.T) {
 	t.Parallel()
 	api := dynamodb.New(dynamodb.Options{Region: "us-east-1"})
 	_, err := dynamostore.New(nil, dynamostore.Options{})
-	require.ErrorIs(t, err, dynamostore.ErrNilClient)
+	require.ErrorIs(t, err, backends.ErrNilClient)
+	require.EqualError(t, err, "dynamostore: backends: nil client")
 	_, err = dynamostore.New((*dynamodb.Client)(nil), dynamostore.Options{})
-	require.ErrorIs(t, err, dynamostore.ErrNilClient, "a typed nil client")
+	require.ErrorIs(t, err, backends.ErrNilClient, "a typed nil client")
 	for name, opts := range map[string]dynamostore.Options{
 		"short table name": {Table: "ab"},
 		"odd table name":   {Table: "idem keys"},
 		"skew over limit":  {ClockSkew: dynamostore.MaxClockSkew + 1},
 	} {
 		_, err := dynamostore.New(api, opts)
-		require.ErrorIs(t, err, dynamostore.ErrInvalidOptions, name)
+		require.ErrorIs(t, err, backends.ErrInvalidOptions, name)
 	}
 	s, err := dynamostore.New(api, dynamostore.Options{})
 	require.NoError(t, err)

@@ -3,6 +3,7 @@ package memstore
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -21,8 +22,8 @@ type Options struct {
 	// Now returns the store's current time. Defaults to [time.Now].
 	Now func() time.Time
 	// PruneInterval is the least time between two sweeps that remove
-	// records past their retention. Non-positive values mean the default.
-	// Defaults to one minute.
+	// records past their retention; zero means the default. Defaults to
+	// one minute.
 	PruneInterval time.Duration
 }
 
@@ -59,12 +60,16 @@ type record struct {
 	output       []byte
 }
 
-// New returns an empty store.
-func New(opts Options) *Store {
+// New returns an empty store. It returns an error wrapping
+// [backends.ErrInvalidOptions] for a negative PruneInterval.
+func New(opts Options) (*Store, error) {
+	if opts.PruneInterval < 0 {
+		return nil, fmt.Errorf("memstore: %w: negative PruneInterval %v", backends.ErrInvalidOptions, opts.PruneInterval)
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if opts.PruneInterval <= 0 {
+	if opts.PruneInterval == 0 {
 		opts.PruneInterval = time.Minute
 	}
 	return &Store{
@@ -72,7 +77,7 @@ func New(opts Options) *Store {
 		pruneInterval: opts.PruneInterval,
 		records:       make(map[string]*record),
 		lastPrune:     opts.Now(),
-	}
+	}, nil
 }
 
 // Len returns how many records the store holds, including records past

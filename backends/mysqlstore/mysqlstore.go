@@ -22,8 +22,9 @@ import (
 )
 
 var (
-	_ backends.Store  = (*Store)(nil)
-	_ backends.Lister = (*Store)(nil)
+	_ backends.Store     = (*Store)(nil)
+	_ backends.PoolSizer = (*Store)(nil)
+	_ backends.Lister    = (*Store)(nil)
 )
 
 // Execer is what CompleteTx needs from the caller's transaction: a
@@ -61,15 +62,6 @@ func (f Flavor) String() string {
 	}
 	return fmt.Sprintf("Flavor(%d)", int(f))
 }
-
-// Errors returned by [New].
-var (
-	// ErrNilDB: New was given no database.
-	ErrNilDB = errors.New("mysqlstore: nil DB")
-	// ErrInvalidOptions is wrapped by New's errors for options out of
-	// range.
-	ErrInvalidOptions = errors.New("mysqlstore: invalid options")
-)
 
 // Options configures a [Store]. The zero value is ready to use.
 type Options struct {
@@ -143,19 +135,22 @@ func (st statement) args(vals map[string]any) []any {
 	return out
 }
 
-// New returns a store on db. It does not contact the server.
+// New returns a store on db. It does not contact the server. It returns
+// an error wrapping [backends.ErrNilClient] for a nil db, and one
+// wrapping [backends.ErrInvalidOptions] for a table name MySQL refuses or
+// an unknown flavor.
 func New(db *sql.DB, opts Options) (*Store, error) {
 	if db == nil {
-		return nil, ErrNilDB
+		return nil, fmt.Errorf("mysqlstore: %w", backends.ErrNilClient)
 	}
 	if opts.Table == "" {
 		opts.Table = DefaultTable
 	}
 	if !tableRE.MatchString(opts.Table) {
-		return nil, fmt.Errorf("%w: table name %q: [database.]table, each 1 to 64 of A-Z, a-z, 0-9, '_' and '$'", ErrInvalidOptions, opts.Table)
+		return nil, fmt.Errorf("mysqlstore: %w: table name %q: [database.]table, each 1 to 64 of A-Z, a-z, 0-9, '_' and '$'", backends.ErrInvalidOptions, opts.Table)
 	}
 	if opts.Flavor < FlavorDetect || opts.Flavor > FlavorMySQL {
-		return nil, fmt.Errorf("%w: unknown flavor %d", ErrInvalidOptions, int(opts.Flavor))
+		return nil, fmt.Errorf("mysqlstore: %w: unknown flavor %d", backends.ErrInvalidOptions, int(opts.Flavor))
 	}
 	parts := strings.Split(opts.Table, ".")
 	quoted := make([]string, len(parts))
@@ -198,6 +193,14 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 	}}
 	return s, nil
 }
+
+// PoolSize implements [backends.PoolSizer]: the db's limit on open
+// connections (sql.DB.SetMaxOpenConns), as it is when called. It is 0
+// when the db sets none, database/sql's default: the pool then opens a
+// connection for every call, and the middleware falls back to its
+// default bound on acquisitions. Set a limit, and the middleware lets new
+// acquisitions take at most half of it by default.
+func (s *Store) PoolSize() int { return s.db.Stats().MaxOpenConnections }
 
 // Options returns the store's options with defaults applied.
 func (s *Store) Options() Options { return s.opts }

@@ -84,12 +84,11 @@ func (s *Store) Channel() string { return s.channel }
 // run out) has nothing to wait for: changed is closed at once, and the
 // caller asks the store again.
 //
-// Each store listens on one connection of its own, taken from its
-// *pgxpool.Pool on the first Watch and then owned by the store
-// (pgxpool's Hijack: it leaves the pool, which may open another in its
-// place); call [Store.Close] to end it. A store on a *pgx.Conn or a
-// pgx.Tx, or with [Options.NoWatch], cannot watch: Watch reports not ok
-// and the middleware polls.
+// Each store listens on one connection of its own, taken from its pool
+// on the first Watch and then owned by the store (pgxpool's Hijack: it
+// leaves the pool, which may open another in its place); call
+// [Store.Close] to end it. A store with [Options.NoWatch] does not
+// watch: Watch reports not ok and the middleware polls.
 //
 // The first Watch waits, within ctx, for the listener to connect. A lost
 // listener connection (a restart, a failover, pg_terminate_backend) or
@@ -129,7 +128,7 @@ func (s *Store) mark(ctx context.Context, key string) (bool, error) {
 			set    bool
 			before *bool
 		)
-		if err := s.db.QueryRow(ctx, s.sql.watch, []byte(key)).Scan(&set, &before); err != nil {
+		if err := s.pool.QueryRow(ctx, s.sql.watch, []byte(key)).Scan(&set, &before); err != nil {
 			return false, opError("watch", err)
 		}
 		switch {
@@ -150,7 +149,7 @@ func (s *Store) mark(ctx context.Context, key string) (bool, error) {
 // may have watched (the middleware watches whenever a duplicate waits):
 // until then the listener's goroutine and connection stay. It is
 // idempotent, and does nothing else on a store that never watched. It
-// does not close the DB.
+// does not close the pool.
 func (s *Store) Close() error {
 	if s.listener != nil {
 		s.listener.close()

@@ -222,11 +222,13 @@ func TestNotifyReadsMarkCommittedWhileCompletionWaited(t *testing.T) {
 	// the row's lock while the completion starts and waits for it.
 	_, err := pool.Exec(ctx, `UPDATE `+table(s)+` SET waited = false WHERE key = $1`, []byte("k"))
 	require.NoError(t, err)
-	conn, err := pgx.Connect(ctx, testserver.PostgresURL(t))
+	// The completion runs on a pool of one connection, whose backend the
+	// test knows.
+	one := smallPool(t, 1)
+	onConn, err := pgstore.New(one, s.Options())
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	onConn, err := pgstore.New(conn, s.Options())
-	require.NoError(t, err)
+	t.Cleanup(func() { _ = onConn.Close() })
+	pid := onlyBackend(t, one)
 	marker, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer marker.Rollback(ctx) //nolint:errcheck
@@ -235,7 +237,6 @@ func TestNotifyReadsMarkCommittedWhileCompletionWaited(t *testing.T) {
 
 	completed := make(chan error, 1)
 	go func() { completed <- onConn.Complete(ctx, lease, nil) }()
-	pid := conn.PgConn().PID()
 	require.Eventually(t, func() bool {
 		var waiting bool
 		err := pool.QueryRow(ctx, `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
@@ -364,35 +365,21 @@ func TestCloseEndsWatches(t *testing.T) {
 	require.NoError(t, never.Close())
 }
 
-// Watch reports not ok, at once, where the store cannot listen: on a
-// single connection, in a transaction, and with Options.NoWatch.
-func TestWatchNotOKWithoutPool(t *testing.T) {
+// Watch reports not ok, at once, with Options.NoWatch, and marks nothing.
+func TestWatchNotOKWithNoWatch(t *testing.T) {
 	pool := testserver.PostgresPool(t)
 	base := newStore(t, pool, pgstore.Options{})
 	acquire(t, base, "k", "holder")
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testserver.PostgresURL(t))
+	opts := base.Options()
+	opts.NoWatch = true
+	s, err := pgstore.New(pool, opts)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
-	noWatch := base.Options()
-	noWatch.NoWatch = true
-	for name, db := range map[string]pgstore.DB{"conn": conn, "tx": tx, "NoWatch": pool} {
-		opts := base.Options()
-		if name == "NoWatch" {
-			opts = noWatch
-		}
-		s, err := pgstore.New(db, opts)
-		require.NoError(t, err)
-		changed, stop, ok := s.Watch(ctx, "k")
-		require.False(t, ok, name)
-		require.Nil(t, changed, name)
-		stop()
-		require.NoError(t, s.Close(), name)
-	}
-	require.False(t, waited(t, pool, base, "k"), "a store that cannot watch marks nothing")
+	changed, stop, ok := s.Watch(context.Background(), "k")
+	require.False(t, ok)
+	require.Nil(t, changed)
+	stop()
+	require.NoError(t, s.Close())
+	require.False(t, waited(t, pool, base, "k"), "a store that does not watch marks nothing")
 }
 
 // A watch of a key without a lease in progress is woken at once, and

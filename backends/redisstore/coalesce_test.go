@@ -29,7 +29,7 @@ func TestConformanceNoCoalesce(t *testing.T) {
 	})
 }
 
-func storeWith(t *testing.T, client redis.Scripter, opts redisstore.Options) *redisstore.Store {
+func storeWith(t *testing.T, client redis.UniversalClient, opts redisstore.Options) *redisstore.Store {
 	t.Helper()
 	if opts.Prefix == "" {
 		opts.Prefix = testserver.Unique("coalesce-test:")

@@ -30,8 +30,7 @@ const scanBatch = 1000
 // every page scans the whole keyspace (every master of a Cluster) for the
 // namespace's keys and sorts those after the cursor: a page costs a SCAN
 // of every key on the server, plus one pipelined look at the records it
-// returns. It is meant for operators, not for a hot path. It needs a
-// *redis.Client, *redis.ClusterClient or *redis.Ring.
+// returns. It is meant for operators, not for a hot path.
 func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.ListPage, error) {
 	if err := storekit.ValidateList(req); err != nil {
 		return backends.ListPage{}, err
@@ -113,11 +112,7 @@ func (s *Store) inspectMany(ctx context.Context, keys []string) ([]backends.Reco
 // a Cluster) and returns them; a command's own error (such as redis.Nil)
 // is left on the command.
 func (s *Store) pipelined(ctx context.Context, fn func(p redis.Pipeliner) []*redis.Cmd) ([]*redis.Cmd, error) {
-	pc, ok := s.client.(interface{ Pipeline() redis.Pipeliner })
-	if !ok {
-		return nil, fmt.Errorf("redisstore: listing needs a client with pipelines, not %T", s.client)
-	}
-	p := pc.Pipeline()
+	p := s.client.Pipeline()
 	cmds := fn(p)
 	if _, err := p.Exec(ctx); err != nil {
 		for _, c := range cmds {
@@ -157,8 +152,8 @@ func (s *Store) scan(ctx context.Context, prefix string) ([]string, error) {
 		err = forEachSerially(ctx, c.ForEachMaster, one)
 	case *redis.Ring:
 		err = forEachSerially(ctx, c.ForEachShard, one)
-	default:
-		return nil, fmt.Errorf("redisstore: listing needs a *redis.Client, *redis.ClusterClient or *redis.Ring, not %T", s.client)
+	default: // New takes no other client
+		return nil, fmt.Errorf("redisstore: cannot list on a %T", s.client)
 	}
 	if err != nil {
 		return nil, opError(ctx, "scan", err)

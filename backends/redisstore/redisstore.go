@@ -46,9 +46,6 @@ var (
 // DefaultPrefix is the default [Options.Prefix].
 const DefaultPrefix = "idempotency:"
 
-// ErrNilClient is returned by [New] without a client.
-var ErrNilClient = errors.New("redisstore: nil client")
-
 // Options configures a [Store]. The zero value is ready to use.
 type Options struct {
 	// Prefix is prepended to every key, to keep the store's records apart
@@ -67,20 +64,30 @@ type Options struct {
 
 // Store is a [backends.Store] on Redis. Create it with [New].
 type Store struct {
-	client   redis.Scripter
+	client   redis.UniversalClient
 	prefix   string
 	poolSize int
 	calls    *coalescer
 	watch    watchers
 }
 
-// New returns a store that runs its scripts through client: a
-// *redis.Client, *redis.ClusterClient, *redis.Ring, a Sentinel failover
-// client or any redis.UniversalClient. It returns [ErrNilClient] for a nil
-// client. It does not contact the server.
-func New(client redis.Scripter, opts Options) (*Store, error) {
+// New returns a store on client: a *redis.Client (a Sentinel failover
+// client is one), a *redis.ClusterClient or a *redis.Ring, the clients
+// redis.NewUniversalClient returns. On each of them the store lists its
+// records, reports the pool's size and wakes waiting duplicates. It
+// returns an error wrapping [backends.ErrNilClient] for a nil client, and
+// one wrapping [backends.ErrInvalidOptions] for another implementation of
+// redis.UniversalClient, which the store could not do all of that with
+// (instrument a client with go-redis hooks, AddHook, instead of wrapping
+// it). It does not contact the server.
+func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if storekit.IsNil(client) {
-		return nil, ErrNilClient
+		return nil, fmt.Errorf("redisstore: %w", backends.ErrNilClient)
+	}
+	switch client.(type) {
+	case *redis.Client, *redis.ClusterClient, *redis.Ring:
+	default:
+		return nil, fmt.Errorf("redisstore: %w: a client of type %T: want a *redis.Client, *redis.ClusterClient or *redis.Ring", backends.ErrInvalidOptions, client)
 	}
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
@@ -89,23 +96,23 @@ func New(client redis.Scripter, opts Options) (*Store, error) {
 	return &Store{client: client, prefix: opts.Prefix, poolSize: ps, calls: newCoalescer(client, opts.NoCoalesce, ps)}, nil
 }
 
-// poolSize is the connection pool size of a go-redis client (per node for
-// a Cluster or Ring), or 0 if unknown.
-func poolSize(c redis.Scripter) int {
+// poolSize is the connection pool size of a go-redis client, per node for
+// a Cluster or Ring.
+func poolSize(c redis.UniversalClient) int {
 	switch c := c.(type) {
-	case interface{ Options() *redis.Options }:
+	case *redis.Client:
 		return c.Options().PoolSize
-	case interface{ Options() *redis.ClusterOptions }:
+	case *redis.ClusterClient:
 		return c.Options().PoolSize
-	case interface{ Options() *redis.RingOptions }:
+	case *redis.Ring:
 		return c.Options().PoolSize
 	}
 	return 0
 }
 
-// PoolSize implements [backends.PoolSizer]: the client's PoolSize (per
-// node for a Cluster or a Ring), or 0 for another client. The middleware
-// lets new acquisitions take at most half of it by default.
+// PoolSize implements [backends.PoolSizer]: the client's PoolSize, per
+// node for a Cluster or a Ring. The middleware lets new acquisitions take
+// at most half of it by default.
 func (s *Store) PoolSize() int { return s.poolSize }
 
 func (s *Store) redisKey(key string) []string { return []string{s.prefix + key} }

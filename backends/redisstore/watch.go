@@ -41,12 +41,15 @@ const (
 // held (the subscription itself rides a connection of its own, outside
 // the pool).
 //
-// Watch reports not ok, and its callers poll, on a client that is neither
-// a *redis.Client (Sentinel's failover client is one) nor a
-// *redis.ClusterClient, on a server without sharded pub/sub, and for a
-// moment after a subscription connection was lost; losing one wakes every
-// watch it served, since it may have missed a change. Call [Store.Close]
-// to end the subscriptions.
+// On a *redis.Ring the store subscribes on the shard that serves the key,
+// which is the shard its scripts run on; a Ring whose shards change
+// (SetAddrs) may move a key to another shard under a watch, which is then
+// woken by nothing, and its caller finds the change by polling, as it
+// always does at a slow pace. Watch reports not ok, and its callers poll,
+// on a server without sharded pub/sub, and for a moment after a
+// subscription connection was lost; losing one wakes every watch it
+// served, since it may have missed a change. Call [Store.Close] to end
+// the subscriptions.
 func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
 	channel := s.prefix + key
 	sub := s.watch.subscriber(ctx, s.client, channel)
@@ -101,8 +104,8 @@ type watchers struct {
 }
 
 // subscriber returns the subscriber for the node that serves channel, or
-// nil if the client cannot subscribe.
-func (ws *watchers) subscriber(ctx context.Context, client redis.Scripter, channel string) *subscriber {
+// nil if it cannot tell which node that is.
+func (ws *watchers) subscriber(ctx context.Context, client redis.UniversalClient, channel string) *subscriber {
 	var (
 		addr string
 		node interface {
@@ -116,6 +119,12 @@ func (ws *watchers) subscriber(ctx context.Context, client redis.Scripter, chann
 			return nil
 		}
 		addr, node = master.Options().Addr, master
+	case *redis.Ring:
+		shard, err := c.GetShardClientForKey(channel)
+		if err != nil {
+			return nil
+		}
+		addr, node = shard.Options().Addr, shard
 	case *redis.Client:
 		node = c
 	default:

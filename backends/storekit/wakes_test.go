@@ -132,7 +132,8 @@ func TestWakesConcurrently(t *testing.T) {
 // WatchOf forwards a Watcher's watch, and reports not ok, with a stop to
 // call, for a store without one.
 func TestWatchOf(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store, err := memstore.New(memstore.Options{})
+	require.NoError(t, err)
 	changed, stop, ok := storekit.WatchOf(context.Background(), store, "absent")
 	require.True(t, ok)
 	require.True(t, closed(changed), "nothing to wait for")
