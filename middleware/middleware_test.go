@@ -206,8 +206,8 @@ func TestLeaseLostCancelsHandlerAndNacks(t *testing.T) {
 		cause = context.Cause(msg.Context())
 		return []*message.Message{newMsg("out", "x")}, nil // even a success is not acked
 	})(newMsg("k", "x"))
-	require.ErrorIs(t, cause, middleware.ErrLeaseLost)
-	require.ErrorIs(t, err, middleware.ErrLeaseLost)
+	require.ErrorIs(t, cause, backends.ErrLeaseLost)
+	require.ErrorIs(t, err, backends.ErrLeaseLost)
 	require.Nil(t, out, "no output is published for a lost lease")
 	require.EqualValues(t, 1, counters.Count(middleware.OutcomeLeaseLost))
 }
@@ -228,7 +228,7 @@ func TestStoreUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 		stateAtCancel = rec.State
 		return nil, msg.Context().Err()
 	})(newMsg("k", "x"))
-	require.ErrorIs(t, err, middleware.ErrLeaseLost)
+	require.ErrorIs(t, err, backends.ErrLeaseLost)
 	require.Equal(t, backends.StateInProgress, stateAtCancel, "cancelled before the lease expired on the store")
 	require.Positive(t, store.renews.Load())
 	require.EqualValues(t, 1, counters.Count(middleware.OutcomeLeaseLost))
@@ -590,7 +590,7 @@ func TestHandlerCompletedKeyIsNotALostLease(t *testing.T) {
 		lease, _ := middleware.LeaseFromContext(msg.Context())
 		require.NoError(t, store.Complete(context.Background(), lease, nil))
 		<-msg.Context().Done() // the next renewal finds the key completed
-		require.ErrorIs(t, context.Cause(msg.Context()), middleware.ErrLeaseLost)
+		require.ErrorIs(t, context.Cause(msg.Context()), backends.ErrLeaseLost)
 		return []*message.Message{newMsg("out", "x")}, nil
 	})(newMsg("k", "x"))
 	require.NoError(t, err, "acked")

@@ -255,7 +255,6 @@ var _ net.Error = timeoutErr{}
 func TestErrorType(t *testing.T) {
 	for err, want := range map[error]string{
 		fmt.Errorf("renew: %w", backends.ErrLeaseLost):                       idemotel.ErrorLeaseLost,
-		fmt.Errorf("%w: x", idempotency.ErrLeaseLost):                        idemotel.ErrorLeaseLost,
 		fmt.Errorf("acquire: %w", backends.ErrInvalidRequest):                idemotel.ErrorInvalidRequest,
 		fmt.Errorf("acquire: %w", backends.ErrRejected):                      idemotel.ErrorRejected,
 		backends.ErrNotFound:                                                 idemotel.ErrorNotFound,
