@@ -45,9 +45,9 @@
 // [Store.Channel] ("idempotency_" and 16 hex digits of a hash of the
 // table's name), the payload the hex MD5 of the key. A store listens on
 // one connection of its own, taken out of its pool on the first Watch;
-// call [Store.Close] when done with the store. A store with
-// Options.NoWatch (needed behind a pooler in transaction mode) does not
-// watch, and the middleware polls.
+// call [Store.Close] when done with the store. A store with [WakePoll]
+// (needed behind a pooler in transaction mode) does not watch, and the
+// middleware polls.
 //
 // # Retention and cleanup
 //

@@ -166,6 +166,8 @@ func TestNewValidates(t *testing.T) {
 	pool := testserver.PostgresPool(t)
 	_, err = pgstore.New(pool, pgstore.Options{Table: string(make([]byte, 70))})
 	require.ErrorIs(t, err, backends.ErrInvalidOptions)
+	_, err = pgstore.New(pool, pgstore.Options{Wake: pgstore.WakePoll + 1})
+	require.ErrorIs(t, err, backends.ErrInvalidOptions, "an unknown Wake")
 	s, err := pgstore.New(pool, pgstore.Options{Schema: `we"ird`, Table: `ta ble`})
 	require.NoError(t, err, "identifiers are quoted, any name works")
 	require.Equal(t, `we"ird`, s.Options().Schema)

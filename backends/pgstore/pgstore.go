@@ -53,12 +53,25 @@ type Options struct {
 	// persistence; never with CompleteTx for exactly-once effects.
 	// It has no effect on a table that already exists. Defaults to false.
 	Unlogged bool
-	// NoWatch makes Watch report not ok, so that waiting duplicates poll
-	// the store instead of listening for its notifications. Set it when
-	// the pool reaches Postgres through a pooler in transaction mode
-	// (pgbouncer's pool_mode = transaction), where LISTEN does not work.
-	NoWatch bool
+	// Wake says how duplicates waiting for a key learn that it changed.
+	// Defaults to WakeNotify.
+	Wake Wake
 }
+
+// Wake says how the duplicates that wait for a key another owner holds
+// learn that it was completed, released or deleted.
+type Wake int
+
+const (
+	// WakeNotify wakes them through LISTEN/NOTIFY ([Store.Watch]), the
+	// middleware polling slowly as a safety net. The default.
+	WakeNotify Wake = iota
+	// WakePoll makes Watch report not ok, so that waiting duplicates poll
+	// the store. Set it when the pool reaches Postgres through a pooler
+	// in transaction mode (pgbouncer's pool_mode = transaction), where
+	// LISTEN does not work.
+	WakePoll
+)
 
 // Store is a [backends.Store] on Postgres. Create it with [New] and call
 // [Store.Migrate] once before use. It is also a [backends.Watcher]; call
@@ -98,7 +111,7 @@ const inProgress = `state = 1 AND lease_expires_at > now() AND forget_at > now()
 // (see [Store.Watch]). It does not contact the server. It returns an
 // error wrapping [backends.ErrNilClient] for a nil pool, and one wrapping
 // [backends.ErrInvalidOptions] for a schema or table name too long for
-// Postgres.
+// Postgres, or an unknown Wake.
 func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("pgstore: %w", backends.ErrNilClient)
@@ -108,6 +121,9 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	}
 	if opts.Table == "" {
 		opts.Table = DefaultTable
+	}
+	if opts.Wake != WakeNotify && opts.Wake != WakePoll {
+		return nil, fmt.Errorf("pgstore: %w: unknown Wake %d", backends.ErrInvalidOptions, int(opts.Wake))
 	}
 	if len(opts.Schema) > 63 || len(opts.Table) > 63-len(indexSuffix) {
 		return nil, fmt.Errorf("pgstore: %w: schema or table name too long for Postgres (63 bytes; the table's index adds %d to the table's)", backends.ErrInvalidOptions, len(indexSuffix))
@@ -170,7 +186,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		watch: `WITH u AS (UPDATE ` + table + ` SET waited = true WHERE key = $1 AND NOT waited AND ` + inProgress + ` RETURNING true)
 			SELECT EXISTS (SELECT FROM u), (SELECT waited FROM ` + table + ` WHERE key = $1 AND ` + inProgress + `)`,
 	}}
-	if !opts.NoWatch {
+	if opts.Wake == WakeNotify {
 		s.listener = newListener(pool, channel)
 	}
 	return s, nil

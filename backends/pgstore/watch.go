@@ -87,8 +87,8 @@ func (s *Store) Channel() string { return s.channel }
 // Each store listens on one connection of its own, taken from its pool
 // on the first Watch and then owned by the store (pgxpool's Hijack: it
 // leaves the pool, which may open another in its place); call
-// [Store.Close] to end it. A store with [Options.NoWatch] does not
-// watch: Watch reports not ok and the middleware polls.
+// [Store.Close] to end it. A store with [WakePoll] does not watch: Watch
+// reports not ok and the middleware polls.
 //
 // The first Watch waits, within ctx, for the listener to connect. A lost
 // listener connection (a restart, a failover, pg_terminate_backend) or

@@ -365,13 +365,13 @@ func TestCloseEndsWatches(t *testing.T) {
 	require.NoError(t, never.Close())
 }
 
-// Watch reports not ok, at once, with Options.NoWatch, and marks nothing.
-func TestWatchNotOKWithNoWatch(t *testing.T) {
+// Watch reports not ok, at once, with WakePoll, and marks nothing.
+func TestWatchNotOKWithWakePoll(t *testing.T) {
 	pool := testserver.PostgresPool(t)
 	base := newStore(t, pool, pgstore.Options{})
 	acquire(t, base, "k", "holder")
 	opts := base.Options()
-	opts.NoWatch = true
+	opts.Wake = pgstore.WakePoll
 	s, err := pgstore.New(pool, opts)
 	require.NoError(t, err)
 	changed, stop, ok := s.Watch(context.Background(), "k")

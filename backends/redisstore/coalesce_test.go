@@ -22,10 +22,10 @@ import (
 const wait = time.Minute // generous: these machines are small and shared
 
 // The full suite with every call sent on its own.
-func TestConformanceNoCoalesce(t *testing.T) {
+func TestConformanceCoalesceOff(t *testing.T) {
 	client := testserver.RedisClient(t)
 	storetest.Run(t, func(t *testing.T) storetest.Fixture {
-		return storetest.Fixture{Store: storeWith(t, client, redisstore.Options{NoCoalesce: true})}
+		return storetest.Fixture{Store: storeWith(t, client, redisstore.Options{Coalescing: redisstore.CoalesceOff})}
 	})
 }
 
@@ -196,12 +196,12 @@ func hammer(t *testing.T, s backends.Store, rounds int) {
 // coalesced as without, and coalesced calls did go out together.
 func TestCoalescedHammer(t *testing.T) {
 	addr := testserver.RedisClient(t).Options().Addr
-	for _, off := range []bool{false, true} {
-		t.Run(fmt.Sprintf("NoCoalesce=%v", off), func(t *testing.T) {
+	for _, mode := range []redisstore.Coalescing{redisstore.CoalesceConcurrent, redisstore.CoalesceOff} {
+		t.Run(fmt.Sprintf("Coalescing=%d", mode), func(t *testing.T) {
 			h := newPipes()
 			client := clientWithHook(t, addr, h, func(o *redis.Options) { o.PoolSize = 64 })
-			hammer(t, storeWith(t, client, redisstore.Options{NoCoalesce: off}), 10)
-			if off {
+			hammer(t, storeWith(t, client, redisstore.Options{Coalescing: mode}), 10)
+			if mode == redisstore.CoalesceOff {
 				require.Zero(t, h.batched.Load(), "no pipelines")
 				return
 			}

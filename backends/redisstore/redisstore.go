@@ -52,15 +52,27 @@ type Options struct {
 	// from other data in the same Redis. Defaults to DefaultPrefix. Set it
 	// to a distinct value per environment or application sharing a server.
 	Prefix string
-	// NoCoalesce sends every call as its own round trip. By default, calls
-	// that arrive while the store already has round trips in flight are
-	// sent together, in one pipeline, as soon as one of those ends (see
-	// docs/redis.md); a call that finds the store idle is sent at once
-	// either way. Set it for a proxy or a Redis-compatible server that
-	// mishandles pipelined scripts, or to keep each call's go-redis hooks
-	// and metrics per command (ProcessHook) rather than per pipeline.
-	NoCoalesce bool
+	// Coalescing says how calls that arrive while the store already has
+	// round trips in flight are sent. Defaults to CoalesceConcurrent.
+	Coalescing Coalescing
 }
+
+// Coalescing says how a [Store] sends the calls that arrive while it
+// already has round trips in flight (see docs/redis.md). A call that
+// finds the store idle is sent at once either way.
+type Coalescing int
+
+const (
+	// CoalesceConcurrent sends the calls that arrive while every round
+	// trip the store keeps in flight is busy together, in one pipeline,
+	// as soon as one of those ends. The default.
+	CoalesceConcurrent Coalescing = iota
+	// CoalesceOff sends every call as its own round trip: for a proxy or
+	// a Redis-compatible server that mishandles pipelined scripts, or to
+	// keep each call's go-redis hooks and metrics per command
+	// (ProcessHook) rather than per pipeline.
+	CoalesceOff
+)
 
 // Store is a [backends.Store] on Redis. Create it with [New].
 type Store struct {
@@ -79,7 +91,7 @@ type Store struct {
 // one wrapping [backends.ErrInvalidOptions] for another implementation of
 // redis.UniversalClient, which the store could not do all of that with
 // (instrument a client with go-redis hooks, AddHook, instead of wrapping
-// it). It does not contact the server.
+// it), or for an unknown Coalescing. It does not contact the server.
 func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if storekit.IsNil(client) {
 		return nil, fmt.Errorf("redisstore: %w", backends.ErrNilClient)
@@ -89,11 +101,14 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	default:
 		return nil, fmt.Errorf("redisstore: %w: a client of type %T: want a *redis.Client, *redis.ClusterClient or *redis.Ring", backends.ErrInvalidOptions, client)
 	}
+	if opts.Coalescing != CoalesceConcurrent && opts.Coalescing != CoalesceOff {
+		return nil, fmt.Errorf("redisstore: %w: unknown Coalescing %d", backends.ErrInvalidOptions, int(opts.Coalescing))
+	}
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
 	}
 	ps := poolSize(client)
-	return &Store{client: client, prefix: opts.Prefix, poolSize: ps, calls: newCoalescer(client, opts.NoCoalesce, ps)}, nil
+	return &Store{client: client, prefix: opts.Prefix, poolSize: ps, calls: newCoalescer(client, opts.Coalescing == CoalesceOff, ps)}, nil
 }
 
 // poolSize is the connection pool size of a go-redis client, per node for

@@ -91,6 +91,8 @@ func TestNewRejectsOtherClients(t *testing.T) {
 	_, err := redisstore.New(wrapped{client}, redisstore.Options{})
 	require.ErrorIs(t, err, backends.ErrInvalidOptions)
 	require.ErrorContains(t, err, "redisstore_test.wrapped")
+	_, err = redisstore.New(client, redisstore.Options{Coalescing: redisstore.CoalesceOff + 1})
+	require.ErrorIs(t, err, backends.ErrInvalidOptions, "an unknown Coalescing")
 }
 
 func TestKeyLayout(t *testing.T) {
