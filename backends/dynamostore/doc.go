@@ -4,7 +4,7 @@
 //
 //	cfg, err := config.LoadDefaultConfig(ctx)
 //	store, err := dynamostore.New(dynamodb.NewFromConfig(cfg), dynamostore.Options{Table: "idempotency_keys"})
-//	err = store.CreateTable(ctx, dynamostore.TableOptions{}) // or create it with CloudFormation or Terraform
+//	err = store.Migrate(ctx) // or create the table with CloudFormation or Terraform
 //
 // # Protocol
 //

@@ -53,7 +53,7 @@ const (
 
 // Options configures a [Store]. The zero value is ready to use.
 type Options struct {
-	// Table is the records' table; [Store.CreateTable] creates it.
+	// Table is the records' table; [Store.Migrate] creates it.
 	// Defaults to DefaultTable.
 	Table string
 	// ClockSkew is how far apart the clocks of the processes sharing the
@@ -64,10 +64,28 @@ type Options struct {
 	// MaxClockSkew; negative means the clocks agree exactly. Defaults to
 	// DefaultClockSkew.
 	ClockSkew time.Duration
+	// TTL says whether Migrate turns on DynamoDB's Time to Live for the
+	// table. Defaults to TTLOn.
+	TTL TTL
 }
 
+// TTL says whether [Store.Migrate] turns on DynamoDB's Time to Live for
+// the table, which deletes records past their retention.
+type TTL int
+
+const (
+	// TTLOn: Migrate turns Time to Live on, on the ttl attribute. The
+	// default.
+	TTLOn TTL = iota
+	// TTLUntouched: Migrate leaves Time to Live as it finds it: for
+	// emulators without UpdateTimeToLive (dynalite), or a table whose TTL
+	// your infrastructure code manages. Without TTL, records past their
+	// retention stay in the table, ignored, until something deletes them.
+	TTLUntouched
+)
+
 // Store is a [backends.Store] on DynamoDB. Create it with [New]; create
-// its table with [Store.CreateTable] or your own infrastructure code.
+// its table with [Store.Migrate] or your own infrastructure code.
 type Store struct {
 	api   API
 	table *string
@@ -78,8 +96,8 @@ type Store struct {
 
 // New returns a store on api. It does not contact DynamoDB. It returns an
 // error wrapping [backends.ErrNilClient] for a nil api, and one wrapping
-// [backends.ErrInvalidOptions] for a table name DynamoDB refuses or a
-// ClockSkew over MaxClockSkew.
+// [backends.ErrInvalidOptions] for a table name DynamoDB refuses, a
+// ClockSkew over MaxClockSkew or an unknown TTL.
 func New(api API, opts Options) (*Store, error) {
 	if storekit.IsNil(api) {
 		return nil, fmt.Errorf("dynamostore: %w", backends.ErrNilClient)
@@ -92,6 +110,9 @@ func New(api API, opts Options) (*Store, error) {
 	}
 	if opts.ClockSkew > MaxClockSkew {
 		return nil, fmt.Errorf("dynamostore: %w: ClockSkew %v is over %v", backends.ErrInvalidOptions, opts.ClockSkew, MaxClockSkew)
+	}
+	if opts.TTL != TTLOn && opts.TTL != TTLUntouched {
+		return nil, fmt.Errorf("dynamostore: %w: unknown TTL %d", backends.ErrInvalidOptions, int(opts.TTL))
 	}
 	if n := len(opts.Table); n < 3 || n > 255 || !validTableName(opts.Table) {
 		return nil, fmt.Errorf("dynamostore: %w: table name %q: 3 to 255 of a-z, A-Z, 0-9, '_', '-' and '.'", backends.ErrInvalidOptions, opts.Table)

@@ -66,9 +66,10 @@ var tableSeq atomic.Int64
 func newStore(t testing.TB, api dynamostore.API, opts dynamostore.Options) *dynamostore.Store {
 	t.Helper()
 	opts.Table = fmt.Sprintf("idem_test_%s_%d_%d", os.Getenv("IDEM_TEST_RUN"), os.Getpid(), tableSeq.Add(1))
+	opts.TTL = dynamostore.TTLUntouched // dynalite has no UpdateTimeToLive
 	s, err := dynamostore.New(api, opts)
 	require.NoError(t, err)
-	require.NoError(t, s.CreateTable(context.Background(), dynamostore.TableOptions{NoTTL: true}))
+	require.NoError(t, s.Migrate(context.Background()))
 	deleter, ok := api.(interface {
 		DeleteTable(context.Context, *dynamodb.DeleteTableInput, ...func(*dynamodb.Options)) (*dynamodb.DeleteTableOutput, error)
 	})
@@ -184,6 +185,7 @@ func TestNewValidates(t *testing.T) {
 		"short table name": {Table: "ab"},
 		"odd table name":   {Table: "idem keys"},
 		"skew over limit":  {ClockSkew: dynamostore.MaxClockSkew + 1},
+		"unknown TTL":      {TTL: dynamostore.TTLUntouched + 1},
 	} {
 		_, err := dynamostore.New(api, opts)
 		require.ErrorIs(t, err, backends.ErrInvalidOptions, name)

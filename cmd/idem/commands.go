@@ -570,31 +570,39 @@ var (
 	mysqlCmd = sqlCmd("mysql", "mysql", "MySQL or MariaDB", func(g *globals) string { return g.mysqlTable })
 )
 
-type dynamoOpts struct{ noTTL bool }
+type dynamoOpts struct{ ttl string }
 
 var dynamoCmd = &command{
-	name: "dynamodb", args: "create-table [--no-ttl]", storeName: "dynamodb",
-	help: "DynamoDB store: create its table, on-demand, with Time to Live on its ttl attribute (create-table)",
+	name: "dynamodb", args: "migrate [--ttl on|untouched]", storeName: "dynamodb",
+	help: "DynamoDB store: create its table, on-demand, with Time to Live on its ttl attribute (migrate)",
 	// DynamoDB takes seconds to tens of seconds to make a new table active.
 	timeout: 2 * time.Minute,
 	flags: func(fs *flag.FlagSet) any {
 		o := &dynamoOpts{}
-		fs.BoolVar(&o.noTTL, "no-ttl", false, "leave Time to Live off: for emulators without UpdateTimeToLive (dynalite); forgotten records then stay, ignored")
+		fs.StringVar(&o.ttl, "ttl", "on", "migrate: turn Time to Live on (on), or leave it as it is (untouched): for emulators without UpdateTimeToLive (dynalite); forgotten records then stay, ignored")
 		return o
 	},
 	run: func(ctx context.Context, e *env, opts any, args []string) error {
-		if err := exactArgs(args, 1, "create-table"); err != nil {
+		if err := exactArgs(args, 1, "migrate"); err != nil {
 			return err
 		}
-		if args[0] != "create-table" {
-			return usageError{fmt.Errorf("unknown dynamodb command %q: create-table", args[0])}
+		if args[0] != "migrate" {
+			return usageError{fmt.Errorf("unknown dynamodb command %q: migrate", args[0])}
+		}
+		switch o := opts.(*dynamoOpts); o.ttl {
+		case "on":
+			e.g.dynamoTTL = dynamostore.TTLOn
+		case "untouched":
+			e.g.dynamoTTL = dynamostore.TTLUntouched
+		default:
+			return usageError{fmt.Errorf("--ttl must be on or untouched, got %q", o.ttl)}
 		}
 		s, closeFn, err := openStore(ctx, e.g, false)
 		if err != nil {
 			return err
 		}
 		defer closeFn()
-		if err := s.(*dynamostore.Store).CreateTable(ctx, dynamostore.TableOptions{NoTTL: opts.(*dynamoOpts).noTTL}); err != nil {
+		if err := s.(*dynamostore.Store).Migrate(ctx); err != nil {
 			return err
 		}
 		fmt.Fprintf(e.stdout, "table %s is ready\n", e.g.dynamoTable)
