@@ -63,7 +63,9 @@
 // retrying cannot fix (a missing table or permission, a value the server
 // cannot hold) in [ErrRejected], so that callers fail at once instead of
 // retrying until their timeout ([IsPermanent]). Any other error is taken as
-// transient: the middleware retries it with backoff.
+// transient: the middleware retries it with backoff. A store's constructor
+// returns an error wrapping [ErrNilClient] or [ErrInvalidOptions], never
+// panics.
 //
 // # Optional capabilities
 //

@@ -33,7 +33,10 @@ const (
 var (
 	// ErrLeaseLost means the lease is no longer the caller's: another owner
 	// took it over after it expired, it was released or completed, or the
-	// record is gone. Nothing was changed.
+	// record is gone. Nothing was changed. The middleware wraps it too in
+	// the error of a delivery whose lease was lost while its handler ran
+	// (or could not be renewed before it would expire), and in the cause
+	// it cancels the handler's context with.
 	ErrLeaseLost = errors.New("backends: lease lost")
 
 	// ErrNotFound is returned by Inspect and Delete when the key has no record.
@@ -67,7 +70,8 @@ var (
 )
 
 // IsPermanent reports whether a store error is one retrying cannot fix:
-// it wraps [ErrInvalidRequest] or [ErrRejected].
+// it wraps [ErrInvalidRequest] or [ErrRejected]. A caller that retries
+// store calls, as the middleware does, gives up at once on such an error.
 func IsPermanent(err error) bool {
 	return errors.Is(err, ErrInvalidRequest) || errors.Is(err, ErrRejected)
 }

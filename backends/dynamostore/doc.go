@@ -44,7 +44,7 @@
 //
 // An item holds at most 400 KB, so Complete refuses an output over
 // [MaxOutputBytes] (the middleware keeps its MaxOutputBytes within it), and
-// Acquire a fingerprint over [MaxFingerprintBytes]. docs/dynamodb.md has
+// Acquire a fingerprint over backends.MaxFingerprintBytes. docs/dynamodb.md has
 // the schema, the IAM permissions, the capacity each delivery uses and
 // its cost.
 package dynamostore

@@ -46,9 +46,6 @@ const (
 	// the longest key, owner and fingerprint and this output still fits
 	// DynamoDB's 400 KB item.
 	MaxOutputBytes = 392 << 10
-	// MaxFingerprintBytes is the longest fingerprint Acquire accepts: every
-	// store's, backends.MaxFingerprintBytes.
-	MaxFingerprintBytes = backends.MaxFingerprintBytes
 )
 
 // Options configures a [Store]. The zero value is ready to use.

@@ -29,6 +29,7 @@ type Options struct {
 
 // Store is an in-memory [backends.Store]. Create it with [New].
 type Store struct {
+	opts          Options
 	now           func() time.Time
 	pruneInterval time.Duration
 
@@ -73,6 +74,7 @@ func New(opts Options) (*Store, error) {
 		opts.PruneInterval = time.Minute
 	}
 	return &Store{
+		opts:          opts,
 		now:           opts.Now,
 		pruneInterval: opts.PruneInterval,
 		records:       make(map[string]*record),
@@ -80,13 +82,8 @@ func New(opts Options) (*Store, error) {
 	}, nil
 }
 
-// Len returns how many records the store holds, including records past
-// their retention that the next sweep will remove.
-func (s *Store) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.records)
-}
+// Options returns the store's options with defaults applied.
+func (s *Store) Options() Options { return s.opts }
 
 // live returns the key's record unless it is absent or past its retention.
 // The caller holds s.mu.

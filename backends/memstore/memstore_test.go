@@ -65,17 +65,17 @@ func TestPruneRemovesExpiredRecords(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, s.Complete(ctx, res.Lease, nil))
 	}
-	require.Equal(t, 3, s.Len())
+	require.Equal(t, 3, memstore.Len(s))
 
 	clock.Advance(30 * time.Second)
 	_, err = s.Acquire(ctx, backends.AcquireRequest{Key: "d", Owner: "o", LeaseTTL: time.Hour, Retention: time.Hour})
 	require.NoError(t, err)
-	require.Equal(t, 4, s.Len(), "no sweep before the prune interval has passed")
+	require.Equal(t, 4, memstore.Len(s), "no sweep before the prune interval has passed")
 
 	clock.Advance(31 * time.Second)
 	_, err = s.Acquire(ctx, backends.AcquireRequest{Key: "e", Owner: "o", LeaseTTL: time.Hour, Retention: time.Hour})
 	require.NoError(t, err)
-	require.Equal(t, 2, s.Len(), "the sweep removed a, b and c and kept the live d and e")
+	require.Equal(t, 2, memstore.Len(s), "the sweep removed a, b and c and kept the live d and e")
 }
 
 // New refuses a negative PruneInterval; zero means the default.
@@ -85,5 +85,6 @@ func TestNewValidates(t *testing.T) {
 	require.ErrorContains(t, err, "memstore: ")
 	s, err := memstore.New(memstore.Options{})
 	require.NoError(t, err)
-	require.NotNil(t, s)
+	require.Equal(t, time.Minute, s.Options().PruneInterval, "the defaults applied")
+	require.NotNil(t, s.Options().Now)
 }

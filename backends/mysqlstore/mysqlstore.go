@@ -91,7 +91,7 @@ type statement struct {
 }
 
 type statements struct {
-	schema, acquireNamed                string
+	schema                              string
 	acquire                             statement
 	acquireReturning, acquireRead       string
 	renew, complete, release, stillHeld string
@@ -169,11 +169,9 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 		return b.String()
 	}
 	held := "`key` = ? AND owner = ? AND token = ? AND state = 1 AND forget_us > " + now
-	acquireNamed := render(acquireSQL)
-	acquire := named(acquireNamed)
+	acquire := named(render(acquireSQL))
 	s := &Store{db: db, opts: opts, flavor: opts.Flavor, sql: statements{
 		schema:           render(schemaSQL),
-		acquireNamed:     acquireNamed + "\nRETURNING " + columnsS,
 		acquire:          acquire,
 		acquireReturning: acquire.sql + "\nRETURNING " + columnsS,
 		acquireRead:      "SELECT " + columnsS + " FROM " + table + " WHERE `key` = ?",
@@ -204,22 +202,6 @@ func (s *Store) PoolSize() int { return s.db.Stats().MaxOpenConnections }
 
 // Options returns the store's options with defaults applied.
 func (s *Store) Options() Options { return s.opts }
-
-// Statements returns the SQL of Acquire, with named parameters (:key,
-// :owner, :ttl and :ret in microseconds, :fp; the store binds them as ? in
-// order), and of Complete (? for the output, the key, the owner and the
-// token), exactly as the store runs them: for review, EXPLAIN, and
-// running them raw (benchmarks/mysqlbench does).
-//
-// Acquire's SQL is always MariaDB's form, one statement ending in a
-// RETURNING clause, whatever the store's flavor: the flavor may not be
-// detected yet, and MySQL's form is not one statement. On MySQL 8 the
-// store runs the same upsert without its RETURNING clause and then, in the
-// same transaction, a SELECT of the RETURNING columns by key; a raw
-// benchmark there must do the same.
-func (s *Store) Statements() (acquire, complete string) {
-	return s.sql.acquireNamed, s.sql.complete
-}
 
 // Schema returns the SQL that Migrate runs, for an external migration
 // tool.
@@ -288,9 +270,9 @@ func migrateLock(qualified string) string {
 	return "mysqlstore:migrate:" + hex.EncodeToString(sum[:20])
 }
 
-// Flavor returns the dialect the store uses, detecting it if it was not
-// given and has not been yet.
-func (s *Store) Flavor(ctx context.Context) (Flavor, error) {
+// detectFlavor returns the dialect the store uses, detecting it if it was
+// not given and has not been yet.
+func (s *Store) detectFlavor(ctx context.Context) (Flavor, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.flavor != FlavorDetect {
@@ -385,7 +367,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	if err := storekit.ValidateAcquire(req); err != nil {
 		return backends.AcquireResult{}, err
 	}
-	flavor, err := s.Flavor(ctx)
+	flavor, err := s.detectFlavor(ctx)
 	if err != nil {
 		return backends.AcquireResult{}, err
 	}

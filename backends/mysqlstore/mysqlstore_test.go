@@ -81,7 +81,7 @@ func TestConformance(t *testing.T) {
 	})
 	s, err := mysqlstore.New(db, mysqlstore.Options{})
 	require.NoError(t, err)
-	flavor, err := s.Flavor(context.Background())
+	flavor, err := mysqlstore.DetectFlavor(context.Background(), s)
 	require.NoError(t, err)
 	t.Logf("detected %s", flavor)
 }

@@ -41,9 +41,8 @@
 // pg_notify in its own statement, delivered when its transaction
 // commits, and clears the mark. A key nobody watches never sends a
 // notification, so the common path takes none of the commit-time lock
-// that NOTIFY takes. The channel is
-// [Store.Channel] ("idempotency_" and 16 hex digits of a hash of the
-// table's name), the payload the hex MD5 of the key. A store listens on
+// that NOTIFY takes. The channel is "idempotency_" and 16 hex digits of
+// a hash of the table's name, the payload the hex MD5 of the key. A store listens on
 // one connection of its own, taken out of its pool on the first Watch;
 // call [Store.Close] when done with the store. A store with [WakePoll]
 // (needed behind a pooler in transaction mode) does not watch, and the

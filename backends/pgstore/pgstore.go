@@ -196,12 +196,6 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 // middleware lets new acquisitions take at most half of it by default.
 func (s *Store) PoolSize() int { return s.poolSize }
 
-// Statements returns the SQL of Acquire ($1 key, $2 owner, $3 lease TTL in
-// µs, $4 retention in µs, $5 fingerprint) and of Complete ($1 key, $2
-// owner, $3 token, $4 output), exactly as the store runs them: for review,
-// EXPLAIN, and running them under pgbench (benchmarks/pgbench does).
-func (s *Store) Statements() (acquire, complete string) { return s.sql.acquire, s.sql.complete }
-
 // Schema returns the SQL that Migrate runs: the schema, the table and its
 // index, each created if it does not exist, and the waited column added
 // to a table created without it. Give it to an external migration tool

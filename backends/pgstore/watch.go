@@ -63,23 +63,18 @@ func notifySQL(channel string, then bool) string {
 	return `pg_notify('` + channel + `', md5(key)) ` + test
 }
 
-// Channel returns the channel on which the store's Complete, Release
-// (CompleteTx too, at commit) and Delete notify a key's watchers, and
-// Cleanup those of a key it deletes, and which Watch listens to:
-// "idempotency_" and 16 hex digits of the SHA-256 of the quoted,
-// schema-qualified table name, the same for every store on the table. The
-// payload is the hex MD5 of the key. Only a key that a watch marked
-// (its row's waited column) is notified, once per mark.
-func (s *Store) Channel() string { return s.channel }
-
 // Watch implements [backends.Watcher] with LISTEN/NOTIFY. It marks the
 // row of the key's lease in progress as waited for (the waited column)
 // and returns once that is committed and the store's listener is
-// listening on [Store.Channel]: the row's next completion, release or
+// listening on the table's channel: the row's next completion, release or
 // deletion then notifies the channel in the same statement, delivered
 // when that statement's transaction commits (a CompleteTx that rolls back
-// notifies nothing), and clears the mark. A key nobody watches is never
-// notified, so callers that find no duplicates pay for no NOTIFY. A key
+// notifies nothing), and clears the mark. The channel is "idempotency_"
+// and 16 hex digits of the SHA-256 of the quoted, schema-qualified table
+// name, the same for every store on the table; the payload is the hex MD5
+// of the key. Cleanup notifies too, for a marked record it deletes. A key
+// nobody watches is never notified, so callers that find no duplicates
+// pay for no NOTIFY. A key
 // without a lease in progress (absent, completed, released, or its lease
 // run out) has nothing to wait for: changed is closed at once, and the
 // caller asks the store again.

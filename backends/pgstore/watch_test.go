@@ -72,7 +72,7 @@ func listen(t *testing.T, s *pgstore.Store) *pgx.Conn {
 	conn, err := pgx.Connect(context.Background(), testserver.PostgresURL(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	_, err = conn.Exec(context.Background(), `LISTEN `+pgx.Identifier{s.Channel()}.Sanitize())
+	_, err = conn.Exec(context.Background(), `LISTEN `+pgx.Identifier{pgstore.Channel(s)}.Sanitize())
 	require.NoError(t, err)
 	return conn
 }
@@ -126,7 +126,7 @@ func listenerPID(t *testing.T, pool *pgxpool.Pool, s *pgstore.Store, old ...int)
 	t.Helper()
 	var pid int
 	require.Eventually(t, func() bool {
-		listen := `LISTEN ` + pgx.Identifier{s.Channel()}.Sanitize()
+		listen := `LISTEN ` + pgx.Identifier{pgstore.Channel(s)}.Sanitize()
 		return pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity WHERE query IN ($1, $2) AND pid <> ALL($3::int[])`,
 			listen, "-- "+listen, append([]int{}, old...)).Scan(&pid) == nil
 	}, wakeWait, 10*time.Millisecond, "the listener's backend")
@@ -204,7 +204,7 @@ func TestNotifyOnlyForWatchedKeys(t *testing.T) {
 	n, err := conn.WaitForNotification(wait)
 	require.NoError(t, err)
 	sum := md5.Sum([]byte("watched")) //nolint:gosec // the store's payload
-	require.Equal(t, s.Channel(), n.Channel)
+	require.Equal(t, pgstore.Channel(s), n.Channel)
 	require.Equal(t, hex.EncodeToString(sum[:]), n.Payload)
 	requireWoken(t, changed)
 	requireSilent("one notification per mark")
@@ -354,7 +354,7 @@ func TestCloseEndsWatches(t *testing.T) {
 	require.NoError(t, s.Close(), "Close is idempotent")
 	require.Eventually(t, func() bool {
 		var n int
-		listen := `LISTEN ` + pgx.Identifier{s.Channel()}.Sanitize()
+		listen := `LISTEN ` + pgx.Identifier{pgstore.Channel(s)}.Sanitize()
 		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE query IN ($1, $2)`,
 			listen, "-- "+listen).Scan(&n)
 		return err == nil && n == 0
@@ -432,7 +432,7 @@ func TestWatchListenerPingsSilentConnection(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var query string
 		err := pool.QueryRow(context.Background(), `SELECT query FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&query)
-		return err == nil && query == "-- LISTEN "+pgx.Identifier{s.Channel()}.Sanitize()
+		return err == nil && query == "-- LISTEN "+pgx.Identifier{pgstore.Channel(s)}.Sanitize()
 	}, wakeWait, 5*time.Millisecond, "the listener pinged its connection")
 	require.NoError(t, s.Complete(context.Background(), lease, nil))
 	requireWoken(t, changed, "the pinged connection still delivers")

@@ -77,6 +77,7 @@ const (
 // Store is a [backends.Store] on Redis. Create it with [New].
 type Store struct {
 	client   redis.UniversalClient
+	opts     Options
 	prefix   string
 	poolSize int
 	calls    *coalescer
@@ -108,8 +109,11 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		opts.Prefix = DefaultPrefix
 	}
 	ps := poolSize(client)
-	return &Store{client: client, prefix: opts.Prefix, poolSize: ps, calls: newCoalescer(client, opts.Coalescing == CoalesceOff, ps)}, nil
+	return &Store{client: client, opts: opts, prefix: opts.Prefix, poolSize: ps, calls: newCoalescer(client, opts.Coalescing == CoalesceOff, ps)}, nil
 }
+
+// Options returns the store's options with defaults applied.
+func (s *Store) Options() Options { return s.opts }
 
 // poolSize is the connection pool size of a go-redis client, per node for
 // a Cluster or Ring.

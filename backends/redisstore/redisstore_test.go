@@ -93,6 +93,9 @@ func TestNewRejectsOtherClients(t *testing.T) {
 	require.ErrorContains(t, err, "redisstore_test.wrapped")
 	_, err = redisstore.New(client, redisstore.Options{Coalescing: redisstore.CoalesceOff + 1})
 	require.ErrorIs(t, err, backends.ErrInvalidOptions, "an unknown Coalescing")
+	s, err := redisstore.New(client, redisstore.Options{})
+	require.NoError(t, err)
+	require.Equal(t, redisstore.Options{Prefix: redisstore.DefaultPrefix}, s.Options(), "the defaults applied")
 }
 
 func TestKeyLayout(t *testing.T) {

@@ -387,3 +387,8 @@ func newMemstore() *memstore.Store {
 	}
 	return s
 }
+
+// actions lists every action, for the tests that check each is reported
+// and documented.
+var actions = []string{actionReleased, actionCompleted, actionAlreadyCompleted, actionDeleted,
+	actionNotFound, actionLeaseHeld, actionNoLease, actionChanged}

@@ -34,10 +34,6 @@ const (
 	actionChanged          = "changed"           // exit 3: the record changed since it was inspected; nothing changed
 )
 
-// actions lists every action, for the tests and the docs.
-var actions = []string{actionReleased, actionCompleted, actionAlreadyCompleted, actionDeleted,
-	actionNotFound, actionLeaseHeld, actionNoLease, actionChanged}
-
 // outcome is what a command that acts on one key did.
 type outcome struct {
 	action, message string
