@@ -55,6 +55,8 @@ type ListPage struct {
 
 // Counts is how many records of a namespace are in each state.
 type Counts struct {
+	// InProgress, Expired, Released and Completed count the records in
+	// StateInProgress, StateExpired, StateReleased and StateCompleted.
 	InProgress, Expired, Released, Completed int64
 }
 

@@ -208,6 +208,7 @@ type Lease struct {
 // AcquireResult is the answer to [Store.Acquire]. Which fields are set
 // depends on Status.
 type AcquireResult struct {
+	// Status is what Acquire decided.
 	Status Status
 	// Lease is set for Acquired.
 	Lease Lease
@@ -264,7 +265,9 @@ func (s State) String() string {
 
 // Record is a key's record as reported by Inspect. Times are the store's.
 type Record struct {
-	Key   string
+	// Key is the record's key.
+	Key string
+	// State is the record's state, by the store's clock.
 	State State
 	// Owner is the owner of the current or last lease.
 	Owner string
