@@ -2,9 +2,12 @@
 // middleware: the [Store] interface, the values it trades in ([Lease],
 // [AcquireResult], [Record]) and the sentinel errors every store returns.
 //
-// Each store lives in its own package below this one (memstore, redisstore,
-// pgstore) and proves itself against the shared conformance suite in
-// backends/storetest. A third-party store can run the same suite.
+// Each store lives in its own package below this one (memstore,
+// redisstore, pgstore, and the modules mysqlstore and dynamostore) and
+// proves itself against the shared conformance suite in backends/storetest.
+// A third-party store can run the same suite; what the stores share beyond
+// the contract (request checks, paging, waking waiters) is in
+// backends/storekit, for it to share too.
 //
 // # The record
 //
@@ -48,9 +51,8 @@
 //     into script or query text.
 //   - Every store refuses alike, before asking its server, a request
 //     beyond the contract's limits ([MaxKeyBytes], [MaxOwnerBytes],
-//     [MaxDuration]), with an error wrapping [ErrInvalidRequest]
-//     ([AcquireRequest.Validate], [Lease.Validate], [ValidateLeaseTTL] and
-//     [ValidateRetention] do the checking).
+//     [MaxFingerprintBytes], [MaxDuration], [MaxListLimit]), with an error
+//     wrapping [ErrInvalidRequest] (package storekit has the checks).
 //   - Retention is given once, at Acquire: a completed record is kept for
 //     it from the completion, a released or expired one from its lease's
 //     end.
@@ -61,7 +63,9 @@
 // retrying cannot fix (a missing table or permission, a value the server
 // cannot hold) in [ErrRejected], so that callers fail at once instead of
 // retrying until their timeout ([IsPermanent]). Any other error is taken as
-// transient: the middleware retries it with backoff.
+// transient: the middleware retries it with backoff. A store's constructor
+// returns an error wrapping [ErrNilClient] or [ErrInvalidOptions], never
+// panics.
 //
 // # Optional capabilities
 //

@@ -26,7 +26,9 @@ var ErrCorruptOutput = errors.New("backends: corrupt stored output")
 
 // EncodeOutput encodes a handler's produced messages the way they are
 // stored with a completion, so that a duplicate can replay them: nil for
-// no messages. The middleware calls it; so does pgstore.Store.CompleteTx.
+// no messages. The middleware calls it; so does the CompleteTx of
+// pgstore and mysqlstore, which complete a key in the caller's
+// transaction.
 func EncodeOutput(msgs []*message.Message) []byte {
 	if len(msgs) == 0 {
 		return nil

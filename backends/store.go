@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 // Limits every store accepts, and the largest values it must accept. A
 // request beyond them is refused with [ErrInvalidRequest] before it reaches
-// the server, by every store alike.
+// the server, by every store alike (package storekit has the checks).
 const (
 	// MaxKeyBytes is the longest key, in bytes, a store must accept. It
 	// fits a Postgres B-tree index entry (about 2.7 KB) and a DynamoDB
@@ -35,7 +33,10 @@ const (
 var (
 	// ErrLeaseLost means the lease is no longer the caller's: another owner
 	// took it over after it expired, it was released or completed, or the
-	// record is gone. Nothing was changed.
+	// record is gone. Nothing was changed. The middleware wraps it too in
+	// the error of a delivery whose lease was lost while its handler ran
+	// (or could not be renewed before it would expire), and in the cause
+	// it cancels the handler's context with.
 	ErrLeaseLost = errors.New("backends: lease lost")
 
 	// ErrNotFound is returned by Inspect and Delete when the key has no record.
@@ -55,8 +56,22 @@ var (
 	ErrRejected = errors.New("backends: rejected by the store")
 )
 
+// Errors returned by the constructors of every store. A store wraps them
+// with its name and what it refused ("pgstore: backends: invalid options:
+// ..."); callers compare with [errors.Is].
+var (
+	// ErrNilClient: the constructor was given no client (or database, or
+	// pool), or a typed nil one. No store panics on it.
+	ErrNilClient = errors.New("backends: nil client")
+
+	// ErrInvalidOptions: the constructor was given options out of range,
+	// or a client it cannot serve every capability with.
+	ErrInvalidOptions = errors.New("backends: invalid options")
+)
+
 // IsPermanent reports whether a store error is one retrying cannot fix:
-// it wraps [ErrInvalidRequest] or [ErrRejected].
+// it wraps [ErrInvalidRequest] or [ErrRejected]. A caller that retries
+// store calls, as the middleware does, gives up at once on such an error.
 func IsPermanent(err error) bool {
 	return errors.Is(err, ErrInvalidRequest) || errors.Is(err, ErrRejected)
 }
@@ -90,7 +105,7 @@ type Store interface {
 	Release(ctx context.Context, lease Lease) error
 
 	// Inspect returns the key's record, or [ErrNotFound]. A key beyond the
-	// limits is an invalid request ([ValidateKey]).
+	// limits ([MaxKeyBytes]) is an invalid request.
 	Inspect(ctx context.Context, key string) (Record, error)
 
 	// Delete removes the key's record whatever its state, or returns
@@ -148,74 +163,6 @@ type AcquireRequest struct {
 	Fingerprint []byte
 }
 
-// Validate reports whether the request is well formed, wrapping
-// [ErrInvalidRequest] if not. Stores call it before they touch the server.
-func (r AcquireRequest) Validate() error {
-	if err := validateKeyOwner(r.Key, r.Owner); err != nil {
-		return err
-	}
-	if err := ValidateLeaseTTL(r.LeaseTTL); err != nil {
-		return err
-	}
-	if len(r.Fingerprint) > MaxFingerprintBytes {
-		return fmt.Errorf("%w: fingerprint of %d bytes, the limit is %d", ErrInvalidRequest, len(r.Fingerprint), MaxFingerprintBytes)
-	}
-	return ValidateRetention(r.Retention)
-}
-
-// Validate reports whether the lease can be sent to a store (its key and
-// owner within the contract's limits), wrapping [ErrInvalidRequest] if
-// not. Stores call it in Renew, Complete and Release before they touch
-// the server.
-func (l Lease) Validate() error { return validateKeyOwner(l.Key, l.Owner) }
-
-// ValidateKey reports whether key is within the contract's limits (1 to
-// [MaxKeyBytes] bytes), wrapping [ErrInvalidRequest] if not. Stores call
-// it in Inspect and Delete before they touch the server, so that every
-// store gives the same answer for a key no record can have.
-func ValidateKey(key string) error {
-	switch {
-	case key == "":
-		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
-	case len(key) > MaxKeyBytes:
-		return fmt.Errorf("%w: key of %d bytes, the limit is %d", ErrInvalidRequest, len(key), MaxKeyBytes)
-	}
-	return nil
-}
-
-func validateKeyOwner(key, owner string) error {
-	if err := ValidateKey(key); err != nil {
-		return err
-	}
-	switch {
-	case owner == "":
-		return fmt.Errorf("%w: empty owner", ErrInvalidRequest)
-	case len(owner) > MaxOwnerBytes:
-		return fmt.Errorf("%w: owner of %d bytes, the limit is %d", ErrInvalidRequest, len(owner), MaxOwnerBytes)
-	case !utf8.ValidString(owner) || strings.IndexByte(owner, 0) >= 0:
-		return fmt.Errorf("%w: owner %q is not UTF-8 text without NUL", ErrInvalidRequest, owner)
-	}
-	return nil
-}
-
-// ValidateLeaseTTL reports whether a lease TTL (for Acquire or Renew) is
-// positive and at most [MaxDuration], wrapping [ErrInvalidRequest] if not.
-func ValidateLeaseTTL(d time.Duration) error {
-	if d <= 0 || d > MaxDuration {
-		return fmt.Errorf("%w: lease TTL out of range (above 0, at most %v): %v", ErrInvalidRequest, MaxDuration, d)
-	}
-	return nil
-}
-
-// ValidateRetention reports whether a retention is zero to [MaxDuration],
-// wrapping [ErrInvalidRequest] if not.
-func ValidateRetention(d time.Duration) error {
-	if d < 0 || d > MaxDuration {
-		return fmt.Errorf("%w: retention out of range (0 to %v): %v", ErrInvalidRequest, MaxDuration, d)
-	}
-	return nil
-}
-
 // Status is what Acquire decided.
 type Status int
 
@@ -256,18 +203,20 @@ type Lease struct {
 	// Takeover is true when this acquisition took over an expired lease of
 	// another owner (the previous holder stopped renewing).
 	Takeover bool
-	// Reentrant is true when the owner already held this lease and got it
-	// back (a retried Acquire after an ambiguous failure). The conformance
-	// suite checks that stores report it; for callers it is informational.
-	Reentrant bool
 }
 
 // AcquireResult is the answer to [Store.Acquire]. Which fields are set
 // depends on Status.
 type AcquireResult struct {
+	// Status is what Acquire decided.
 	Status Status
 	// Lease is set for Acquired.
 	Lease Lease
+	// Reentrant is set for Acquired when the owner already held the lease
+	// and got it back, the same fencing token with its expiry extended: a
+	// retried Acquire after an ambiguous failure. The conformance suite
+	// checks that stores report it; for callers it is informational.
+	Reentrant bool
 	// Remaining is the time left on the holder's lease, by the store's
 	// clock, for InProgress.
 	Remaining time.Duration
@@ -316,7 +265,9 @@ func (s State) String() string {
 
 // Record is a key's record as reported by Inspect. Times are the store's.
 type Record struct {
-	Key   string
+	// Key is the record's key.
+	Key string
+	// State is the record's state, by the store's clock.
 	State State
 	// Owner is the owner of the current or last lease.
 	Owner string

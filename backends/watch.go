@@ -25,13 +25,3 @@ type Watcher interface {
 	// the watch and is never nil; call it once the wait is over.
 	Watch(ctx context.Context, key string) (changed <-chan struct{}, stop func(), ok bool)
 }
-
-// WatchOf watches key through store if it is a [Watcher], and otherwise
-// reports not ok, as a Watcher that cannot watch does: a store that wraps
-// another implements Watch with it.
-func WatchOf(ctx context.Context, store Store, key string) (changed <-chan struct{}, stop func(), ok bool) {
-	if w, is := store.(Watcher); is {
-		return w.Watch(ctx, key)
-	}
-	return nil, func() {}, false
-}

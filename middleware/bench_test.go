@@ -12,7 +12,6 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
-	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -23,7 +22,7 @@ func benchMiddlewares(b *testing.B) []struct {
 	name string
 	mw   message.HandlerMiddleware
 } {
-	idem, err := middleware.New(middleware.Config{Store: memstore.New(memstore.Options{}), Namespace: "bench"})
+	idem, err := middleware.New(middleware.Config{Store: newMemstore(), Namespace: "bench"})
 	if err != nil {
 		b.Fatal(err)
 	}

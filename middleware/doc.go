@@ -71,7 +71,8 @@
 //
 // If a renewal reports the lease lost, or the store cannot be reached
 // before the lease would expire, the handler's context is cancelled with a
-// cause wrapping [ErrLeaseLost] and the message is nacked, never acked.
+// cause wrapping backends.ErrLeaseLost and the message is nacked, never
+// acked.
 // The lease, with its fencing token, is in the handler's context
 // ([LeaseFromContext]) so systems the handler writes to can reject writes
 // from a stale holder.

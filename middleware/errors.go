@@ -9,7 +9,10 @@ import (
 )
 
 // Errors the middleware returns from the handler (so the router nacks the
-// message). Compare with [errors.Is].
+// message). Compare with [errors.Is]. A lease lost while the handler ran
+// (taken over, deleted, or not renewable before it would expire) is an
+// error wrapping backends.ErrLeaseLost: the handler's context is cancelled
+// with it as the cause and the message is nacked.
 var (
 	// ErrInvalidKey is wrapped by every [*KeyError].
 	ErrInvalidKey = errors.New("idempotency: invalid key")
@@ -21,10 +24,6 @@ var (
 	// ErrInProgress: the key is in progress, that is, held by the live
 	// lease of another delivery. Matched by every [*InProgressError].
 	ErrInProgress = errors.New("idempotency: in progress elsewhere")
-	// ErrLeaseLost: the lease was lost while the handler ran (taken over,
-	// deleted, or not renewable before it would expire). The handler's
-	// context was cancelled with this cause and the message is nacked.
-	ErrLeaseLost = errors.New("idempotency: lease lost")
 	// ErrStore wraps an error from the store.
 	ErrStore = errors.New("idempotency: store error")
 	// ErrFingerprintMismatch: the key's record was made for a different

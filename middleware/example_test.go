@@ -24,9 +24,13 @@ func Example() {
 	pubSub := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, logger)
 	defer pubSub.Close()
 
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		panic(err)
+	}
 	counters := &idempotency.Counters{}
 	idem, err := idempotency.New(idempotency.Config{
-		Store:    memstore.New(memstore.Options{}),
+		Store:    store,
 		Key:      keyfunc.JSONField("order_id"),
 		Observer: counters,
 	})
@@ -74,7 +78,8 @@ func ExampleLeaseFromContext() {
 		return nil
 	}
 
-	idem, _ := idempotency.New(idempotency.Config{Store: memstore.New(memstore.Options{}), Namespace: "payments"})
+	store, _ := memstore.New(memstore.Options{})
+	idem, _ := idempotency.New(idempotency.Config{Store: store, Namespace: "payments"})
 	handler := idem.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		lease, _ := idempotency.LeaseFromContext(msg.Context())
 		fmt.Println(lease.Key, "token", lease.Token, "attempt", lease.Attempt)
@@ -109,8 +114,9 @@ func ExampleNew_invalidConfig() {
 // IsPoison is the filter for Watermill's PoisonQueueWithFilter: true for
 // errors no redelivery can fix, false for those that must come back.
 func ExampleIsPoison() {
+	store, _ := memstore.New(memstore.Options{})
 	idem, _ := idempotency.New(idempotency.Config{
-		Store:     memstore.New(memstore.Options{}),
+		Store:     store,
 		Key:       keyfunc.Metadata("Idempotency-Key"),
 		Namespace: "payments",
 		Timing:    idempotency.Timing{InProgressWait: -1}, // do not wait for the holder, to show the error at once
@@ -141,8 +147,9 @@ func ExampleIsPoison() {
 // ErrInvalidKey and the extractor's own error, and which IsPoison routes
 // to a poison queue.
 func ExampleKeyError() {
+	store, _ := memstore.New(memstore.Options{})
 	idem, _ := idempotency.New(idempotency.Config{
-		Store:     memstore.New(memstore.Options{}),
+		Store:     store,
 		Key:       keyfunc.Metadata("Idempotency-Key"),
 		Namespace: "payments",
 	})

@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -24,7 +23,7 @@ import (
 // keeping never waits behind new work.
 func TestAcquiresBoundedLeaseKeepingNot(t *testing.T) {
 	unblock := make(chan struct{})
-	store := &faultStore{Store: memstore.New(memstore.Options{}),
+	store := &faultStore{Store: newMemstore(),
 		holdAcquire: func(key string) <-chan struct{} {
 			if strings.HasPrefix(key, "test:slow-") {
 				return unblock
@@ -70,7 +69,7 @@ func TestAcquiresBoundedLeaseKeepingNot(t *testing.T) {
 // An error the store says retrying cannot fix fails the delivery at once:
 // one call, not retries until StoreTimeout.
 func TestPermanentAcquireErrorFailsAtOnce(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}),
+	store := &faultStore{Store: newMemstore(),
 		acquireErr: fmt.Errorf("%w: relation \"idempotency_keys\" does not exist", backends.ErrRejected)}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.Timing.StoreTimeout = time.Minute })
 	_, err := m.Middleware(ok)(newMsg("k", "x"))
@@ -83,7 +82,7 @@ func TestPermanentAcquireErrorFailsAtOnce(t *testing.T) {
 // A delivery that failed on the store waits half to all of StoreBackoff.Max
 // before it is nacked.
 func TestStoreErrorPausesBeforeNack(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}),
+	store := &faultStore{Store: newMemstore(),
 		acquireErr: fmt.Errorf("%w: permission denied", backends.ErrRejected)}
 	m, _ := newMiddleware(t, store, func(c *middleware.Config) { c.Timing.StoreBackoff.Max = 400 * time.Millisecond })
 	start := time.Now()
@@ -100,7 +99,7 @@ func TestStoreErrorPausesBeforeNack(t *testing.T) {
 func TestStoreOutageCallsBounded(t *testing.T) {
 	const messages = 50
 	const outage = 2 * time.Second
-	store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
+	store := &faultStore{Store: newMemstore(), acquireErr: errors.New("connection refused")}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Timing.StoreBackoff.Max = 200 * time.Millisecond
 		c.Timing.StoreTimeout = 500 * time.Millisecond
@@ -141,7 +140,7 @@ func (p pooled) PoolSize() int { return p.size }
 // at most half of it taken by acquisitions.
 func TestDefaultBoundIsHalfTheStorePool(t *testing.T) {
 	unblock := make(chan struct{})
-	store := &faultStore{Store: memstore.New(memstore.Options{}),
+	store := &faultStore{Store: newMemstore(),
 		holdAcquire: func(string) <-chan struct{} { return unblock }}
 	m, counters := newMiddleware(t, pooled{faultStore: store, size: 6}, nil)
 	var wg sync.WaitGroup

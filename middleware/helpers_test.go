@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -226,4 +227,14 @@ func total(c *middleware.Counters) int64 {
 
 func newMsg(uuid, payload string) *message.Message {
 	return message.NewMessage(uuid, []byte(payload))
+}
+
+// newMemstore is memstore.New with the zero options, which it never
+// refuses.
+func newMemstore() *memstore.Store {
+	s, err := memstore.New(memstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	return s
 }

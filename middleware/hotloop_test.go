@@ -12,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
-	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	"github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -60,7 +59,7 @@ func TestPermanentFailureDoesNotSpin(t *testing.T) {
 	logger := &countingLogger{}
 	counters := &middleware.Counters{}
 	idem, err := middleware.New(middleware.Config{
-		Store:    memstore.New(memstore.Options{}),
+		Store:    newMemstore(),
 		Key:      keyfunc.JSONField("order_id"),
 		Logger:   logger,
 		Observer: counters,
@@ -104,7 +103,7 @@ func TestPermanentFailureDoesNotSpin(t *testing.T) {
 // messages without a key without delay; only a message that comes back is
 // paced.
 func TestFirstPermanentFailureIsNotPaced(t *testing.T) {
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+	m, counters := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
 		c.Timing.PoisonBackoff = middleware.Backoff{Initial: time.Hour} // a repeat would pause for ever
 	})
@@ -144,7 +143,7 @@ func TestSharedTopicUnderDefaultNamespaceIsReported(t *testing.T) {
 	}{{"", 1}, {"orders", 0}} {
 		logger := &infoLogger{}
 		counters := &middleware.Counters{}
-		idem, err := middleware.New(middleware.Config{Store: memstore.New(memstore.Options{}), Namespace: tc.namespace, Logger: logger, Observer: counters})
+		idem, err := middleware.New(middleware.Config{Store: newMemstore(), Namespace: tc.namespace, Logger: logger, Observer: counters})
 		require.NoError(t, err)
 		ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 		router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})

@@ -21,13 +21,18 @@ const (
 	leaseMargin = 10
 )
 
+// errNotRenewed is wrapped, with backends.ErrLeaseLost, by the loss of a
+// lease the keeper could not renew before it would expire: lost for the
+// handler, though the store did not say that another owner has it.
+var errNotRenewed = errors.New("not renewed before it would expire")
+
 // keeper renews a lease every ttl/3 while the handler runs. It keeps a
 // local deadline by which the lease is certainly still held: the time the
 // last successful Acquire or Renew was sent, plus the TTL. The server set
 // the expiry after that moment, so the local deadline is never later than
 // the server's. If the lease is reported lost, or cannot be renewed before
 // that deadline (less a margin), the keeper cancels the handler's context
-// with a cause wrapping ErrLeaseLost.
+// with a cause wrapping backends.ErrLeaseLost.
 //
 // It runs on a timer rather than a goroutine of its own, so a handler that
 // finishes within ttl/3 costs no goroutine at all. It keeps running after
@@ -102,9 +107,9 @@ func (k *keeper) tick() {
 		k.deadline = sent.Add(k.ttl)
 		k.timer.Reset(k.ttl / renewEvery)
 	case errors.Is(err, backends.ErrLeaseLost):
-		k.lose(fmt.Errorf("%w: %w", ErrLeaseLost, err))
+		k.lose(fmt.Errorf("idempotency: renewal: %w", err))
 	case !time.Now().Before(cutoff):
-		k.lose(fmt.Errorf("%w: not renewed before it would expire: %w", ErrLeaseLost, err))
+		k.lose(fmt.Errorf("idempotency: %w: %w: %w", backends.ErrLeaseLost, errNotRenewed, err))
 	default:
 		// A transient failure: try again soon, while the lease still holds.
 		k.timer.Reset(min(k.ttl/leaseMargin, time.Until(cutoff)))

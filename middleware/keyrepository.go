@@ -31,7 +31,7 @@ func NewKeyRepository(store backends.Store, window time.Duration) (*KeyRepositor
 	if isNil(store) {
 		return nil, fmt.Errorf("%w: KeyRepository: nil store", ErrInvalidConfig)
 	}
-	if err := backends.ValidateRetention(window); err != nil || window <= 0 {
+	if window <= 0 || window > backends.MaxDuration {
 		return nil, fmt.Errorf("%w: KeyRepository: window must be positive and at most %v, got %v", ErrInvalidConfig, backends.MaxDuration, window)
 	}
 	return &KeyRepository{store: store, window: window}, nil

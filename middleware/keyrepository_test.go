@@ -21,7 +21,9 @@ var _ wmiddleware.ExpiringKeyRepository = (*middleware.KeyRepository)(nil)
 // exactly one finds it new; after the window it is new again.
 func TestKeyRepository(t *testing.T) {
 	clock := &fakeClock{now: time.Now()}
-	repo, err := middleware.NewKeyRepository(memstore.New(memstore.Options{Now: clock.Now}), time.Minute)
+	store, err := memstore.New(memstore.Options{Now: clock.Now})
+	require.NoError(t, err)
+	repo, err := middleware.NewKeyRepository(store, time.Minute)
 	require.NoError(t, err)
 	var fresh atomic.Int32
 	var wg sync.WaitGroup
@@ -57,7 +59,7 @@ func TestKeyRepository(t *testing.T) {
 
 func TestNewKeyRepositoryValidates(t *testing.T) {
 	for name, window := range map[string]time.Duration{"zero": 0, "negative": -time.Second} {
-		_, err := middleware.NewKeyRepository(memstore.New(memstore.Options{}), window)
+		_, err := middleware.NewKeyRepository(newMemstore(), window)
 		require.ErrorIs(t, err, middleware.ErrInvalidConfig, name)
 	}
 	_, err := middleware.NewKeyRepository((*memstore.Store)(nil), time.Minute)

@@ -31,7 +31,7 @@ func ok(*message.Message) ([]*message.Message, error) { return nil, nil }
 // call may return success before the body has finished.
 func TestConcurrentDeliveriesNeverAckedWhileRunning(t *testing.T) {
 	const n = 50
-	store := &countingStore{Store: memstore.New(memstore.Options{})}
+	store := &countingStore{Store: newMemstore()}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Timing.InProgressWait = time.Minute // no duplicate gives up before the body ends, however slow the machine
 	})
@@ -74,7 +74,7 @@ func TestConcurrentDeliveriesNeverAckedWhileRunning(t *testing.T) {
 }
 
 func TestInProgressAfterWaitIsNacked(t *testing.T) {
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+	m, counters := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
 		c.Timing.InProgressWait = 30 * time.Millisecond
 	})
 	release := make(chan struct{})
@@ -96,7 +96,7 @@ func TestInProgressAfterWaitIsNacked(t *testing.T) {
 }
 
 func TestNegativeWaitNacksAtOnce(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{})}
+	store := &faultStore{Store: newMemstore()}
 	m, _ := newMiddleware(t, store, func(c *middleware.Config) { c.Timing.InProgressWait = -1 })
 	_, err := store.Store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "other", LeaseTTL: time.Minute, Retention: time.Minute})
 	require.NoError(t, err)
@@ -109,7 +109,7 @@ func TestNegativeWaitNacksAtOnce(t *testing.T) {
 // A holder that crashed stops renewing; a duplicate waits for its lease to
 // run out and takes over.
 func TestTakeoverOfCrashedHolder(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, nil)
 	crashed, err := store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "crashed", LeaseTTL: 100 * time.Millisecond, Retention: time.Minute})
 	require.NoError(t, err)
@@ -130,7 +130,7 @@ func TestTakeoverOfCrashedHolder(t *testing.T) {
 // A holder that fails releases the key; a duplicate waiting for it takes
 // the key at once and processes it.
 func TestWaitingDuplicateProcessesAfterHolderFails(t *testing.T) {
-	store := &countingStore{Store: memstore.New(memstore.Options{})}
+	store := &countingStore{Store: newMemstore()}
 	m, counters := newMiddleware(t, store, nil)
 	release := make(chan struct{})
 	var runs atomic.Int32
@@ -156,7 +156,7 @@ func TestWaitingDuplicateProcessesAfterHolderFails(t *testing.T) {
 }
 
 func TestPanicReleasesAndRepanics(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, nil)
 	h := m.Middleware(func(*message.Message) ([]*message.Message, error) { panic("handler bug") })
 	func() {
@@ -170,7 +170,7 @@ func TestPanicReleasesAndRepanics(t *testing.T) {
 }
 
 func TestHandlerErrorReleasesAndIsReturned(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, _ := newMiddleware(t, store, nil)
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, errBoom })(newMsg("k", "x"))
 	require.ErrorIs(t, err, errBoom)
@@ -180,7 +180,7 @@ func TestHandlerErrorReleasesAndIsReturned(t *testing.T) {
 }
 
 func TestLeaseIsInTheHandlerContext(t *testing.T) {
-	m, _ := newMiddleware(t, memstore.New(memstore.Options{}), nil)
+	m, _ := newMiddleware(t, newMemstore(), nil)
 	msg := newMsg("k", "x")
 	orig := msg.Context()
 	var lease backends.Lease
@@ -203,7 +203,7 @@ func TestLeaseIsInTheHandlerContext(t *testing.T) {
 // takes it over): the next renewal finds the lease lost, the handler's
 // context is cancelled with ErrLeaseLost, and the message is nacked.
 func TestLeaseLostCancelsHandlerAndNacks(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.LeaseTTL = 60 * time.Millisecond })
 	var cause error
 	out, err := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
@@ -212,8 +212,8 @@ func TestLeaseLostCancelsHandlerAndNacks(t *testing.T) {
 		cause = context.Cause(msg.Context())
 		return []*message.Message{newMsg("out", "x")}, nil // even a success is not acked
 	})(newMsg("k", "x"))
-	require.ErrorIs(t, cause, middleware.ErrLeaseLost)
-	require.ErrorIs(t, err, middleware.ErrLeaseLost)
+	require.ErrorIs(t, cause, backends.ErrLeaseLost)
+	require.ErrorIs(t, err, backends.ErrLeaseLost)
 	require.Nil(t, out, "no output is published for a lost lease")
 	require.EqualValues(t, 1, counters.Count(middleware.OutcomeLeaseLost))
 }
@@ -222,7 +222,7 @@ func TestLeaseLostCancelsHandlerAndNacks(t *testing.T) {
 // fail. The handler's context is cancelled while the lease is still live
 // on the store, so no other worker can have taken over yet.
 func TestStoreUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
-	inner := memstore.New(memstore.Options{})
+	inner := newMemstore()
 	store := &faultStore{Store: inner}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.LeaseTTL = time.Second }) // a 100ms margin
 	var stateAtCancel backends.State
@@ -234,7 +234,7 @@ func TestStoreUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 		stateAtCancel = rec.State
 		return nil, msg.Context().Err()
 	})(newMsg("k", "x"))
-	require.ErrorIs(t, err, middleware.ErrLeaseLost)
+	require.ErrorIs(t, err, backends.ErrLeaseLost)
 	require.Equal(t, backends.StateInProgress, stateAtCancel, "cancelled before the lease expired on the store")
 	require.Positive(t, store.renews.Load())
 	require.EqualValues(t, 1, counters.Count(middleware.OutcomeLeaseLost))
@@ -243,7 +243,7 @@ func TestStoreUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 // Renewals keep a long handler's lease: a duplicate arriving after several
 // TTLs still finds it in progress.
 func TestRenewalKeepsLongHandlerLease(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{})}
+	store := &faultStore{Store: newMemstore()}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.LeaseTTL = 300 * time.Millisecond // renewed every 100ms, with a 30ms margin
 		c.Timing.InProgressWait = -1
@@ -263,7 +263,7 @@ func TestRenewalKeepsLongHandlerLease(t *testing.T) {
 }
 
 func TestStoreDownFailsClosed(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
+	store := &faultStore{Store: newMemstore(), acquireErr: errors.New("connection refused")}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.Timing.StoreTimeout = 50 * time.Millisecond })
 	var runs atomic.Int32
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { runs.Add(1); return nil, nil })(newMsg("k", "x"))
@@ -274,7 +274,7 @@ func TestStoreDownFailsClosed(t *testing.T) {
 }
 
 func TestStoreDownRunUnprotected(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
+	store := &faultStore{Store: newMemstore(), acquireErr: errors.New("connection refused")}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Timing.StoreTimeout = 50 * time.Millisecond
 		c.OnStoreError = middleware.StoreErrorRunUnprotected
@@ -289,7 +289,7 @@ func TestStoreDownRunUnprotected(t *testing.T) {
 // The store applied the Acquire but the reply was lost; the retry with the
 // same owner gets the lease back rather than finding it in progress.
 func TestAmbiguousAcquireRetriedReentrantly(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}), ambiguous: 1}
+	store := &faultStore{Store: newMemstore(), ambiguous: 1}
 	m, counters := newMiddleware(t, store, nil)
 	var lease backends.Lease
 	_, err := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
@@ -297,7 +297,8 @@ func TestAmbiguousAcquireRetriedReentrantly(t *testing.T) {
 		return nil, nil
 	})(newMsg("k", "x"))
 	require.NoError(t, err)
-	require.True(t, lease.Reentrant)
+	require.EqualValues(t, 1, lease.Token, "the lease it got back, not a new one")
+	require.Equal(t, 1, lease.Attempt)
 	require.EqualValues(t, 2, store.acquires.Load())
 	require.EqualValues(t, 1, counters.Count(middleware.OutcomeProcessed))
 }
@@ -323,7 +324,7 @@ func TestKeyErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m, counters := newMiddleware(t, memstore.New(memstore.Options{}), tc.cfg)
+			m, counters := newMiddleware(t, newMemstore(), tc.cfg)
 			_, err := m.Middleware(run)(tc.msg)
 			var ke *middleware.KeyError
 			require.ErrorAs(t, err, &ke)
@@ -340,7 +341,7 @@ func TestKeyErrors(t *testing.T) {
 }
 
 func TestKeyErrorRunUnprotectedPolicy(t *testing.T) {
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+	m, counters := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
 		c.OnKeyError = middleware.KeyErrorRunUnprotected
 	})
@@ -352,7 +353,7 @@ func TestKeyErrorRunUnprotectedPolicy(t *testing.T) {
 }
 
 func TestFingerprintMismatch(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
 		c.Fingerprint = keyfunc.PayloadHash()
@@ -402,7 +403,7 @@ func TestFingerprintMismatch(t *testing.T) {
 // an empty payload) is handled without one: its record keeps none, and a
 // later message under its key is not compared with it.
 func TestFingerprintNotExtractedIsNotCompared(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
 		c.Fingerprint = keyfunc.PayloadHash()
@@ -427,7 +428,7 @@ func TestFingerprintNotExtractedIsNotCompared(t *testing.T) {
 // so a 70 KiB message is processed once, its duplicate dropped and another
 // payload under its key refused, on every store alike.
 func TestLongFingerprintIsHashed(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
 		c.Fingerprint = keyfunc.Func(func(msg *message.Message) (string, error) { return string(msg.Payload), nil })
@@ -456,7 +457,7 @@ func TestLongFingerprintIsHashed(t *testing.T) {
 func TestFingerprintMismatchIgnorePolicy(t *testing.T) {
 	var events []middleware.Event
 	var mu sync.Mutex
-	m, _ := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+	m, _ := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
 		c.Fingerprint = keyfunc.PayloadHash()
 		c.OnFingerprintMismatch = middleware.MismatchIgnore
@@ -478,7 +479,7 @@ func TestFingerprintMismatchIgnorePolicy(t *testing.T) {
 }
 
 func TestOutputTooLargeReleases(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.MaxOutputBytes = 100 })
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) {
 		return []*message.Message{newMsg("o", strings.Repeat("x", 200))}, nil
@@ -503,7 +504,7 @@ func (s limitedStore) MaxOutputBytes() int { return s.limit }
 // output the store cannot hold is the middleware's typed error, and a
 // configuration above it is refused.
 func TestStoreOutputLimit(t *testing.T) {
-	store := limitedStore{memstore.New(memstore.Options{}), 300}
+	store := limitedStore{newMemstore(), 300}
 	m, counters := newMiddleware(t, store, nil)
 	produce := func(n int) message.HandlerFunc {
 		return func(*message.Message) ([]*message.Message, error) {
@@ -522,12 +523,12 @@ func TestStoreOutputLimit(t *testing.T) {
 	require.ErrorContains(t, err, "store's limit 300")
 	_, err = middleware.New(middleware.Config{Store: store, MaxOutputBytes: 200})
 	require.NoError(t, err, "a lower limit than the store's is the user's choice")
-	_, err = middleware.New(middleware.Config{Store: limitedStore{memstore.New(memstore.Options{}), 0}})
+	_, err = middleware.New(middleware.Config{Store: limitedStore{newMemstore(), 0}})
 	require.NoError(t, err, "0: the store sets no limit")
 }
 
 func TestCorruptStoredOutputIsAnError(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	res, err := store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, store.Complete(context.Background(), res.Lease, []byte{9, 9, 9}))
@@ -537,7 +538,7 @@ func TestCorruptStoredOutputIsAnError(t *testing.T) {
 }
 
 func TestMessageContextCancelledWhileWaiting(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	_, err := store.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "other", LeaseTTL: time.Minute, Retention: time.Minute})
 	require.NoError(t, err)
 	m, counters := newMiddleware(t, store, nil)
@@ -552,7 +553,7 @@ func TestMessageContextCancelledWhileWaiting(t *testing.T) {
 }
 
 func TestNewRejectsInvalidConfig(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	tests := map[string]middleware.Config{
 		"no store":              {},
 		"bad extractor":         {Store: store, Key: keyfunc.JSONField()},
@@ -602,7 +603,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 }
 
 func TestNewDoesNotModifyCallersConfig(t *testing.T) {
-	cfg := middleware.Config{Store: memstore.New(memstore.Options{})}
+	cfg := middleware.Config{Store: newMemstore()}
 	before := cfg
 	_, err := middleware.New(cfg)
 	require.NoError(t, err)
@@ -614,7 +615,7 @@ func TestNewDoesNotModifyCallersConfig(t *testing.T) {
 // reports the lease lost. The delivery is still processed and acked: the
 // key was completed under this very lease.
 func TestHandlerCompletedKeyIsNotALostLease(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	var events []middleware.Event
 	m, _ := newMiddleware(t, store, func(c *middleware.Config) {
 		c.LeaseTTL = 30 * time.Millisecond
@@ -624,7 +625,7 @@ func TestHandlerCompletedKeyIsNotALostLease(t *testing.T) {
 		lease, _ := middleware.LeaseFromContext(msg.Context())
 		require.NoError(t, store.Complete(context.Background(), lease, nil))
 		<-msg.Context().Done() // the next renewal finds the key completed
-		require.ErrorIs(t, context.Cause(msg.Context()), middleware.ErrLeaseLost)
+		require.ErrorIs(t, context.Cause(msg.Context()), backends.ErrLeaseLost)
 		return []*message.Message{newMsg("out", "x")}, nil
 	})(newMsg("k", "x"))
 	require.NoError(t, err, "acked")

@@ -11,7 +11,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
-	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	"github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -43,7 +42,7 @@ func deliver(t *testing.T, m *middleware.Idempotency, msg *message.Message, h me
 func TestEventAckedMatchesWhatTheRouterIsTold(t *testing.T) {
 	ok := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	failing := func(*message.Message) ([]*message.Message, error) { return nil, errBoom }
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, _ := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Observer = slotObserver
 		c.Timing.InProgressWait = -1
@@ -104,7 +103,7 @@ func TestEventAckedMatchesWhatTheRouterIsTold(t *testing.T) {
 func TestEventNamesTheHandler(t *testing.T) {
 	var mu sync.Mutex
 	handlers := map[string]int{}
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+	m, counters := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
 		c.Namespace = ""
 		c.Observer = middleware.MultiObserver(c.Observer, slotObserver, middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) {
 			mu.Lock()
@@ -137,7 +136,7 @@ func TestMultiObserverTellsEachInOrderSkippingNil(t *testing.T) {
 	}
 	counters := &middleware.Counters{}
 	obs := middleware.MultiObserver(rec("first"), nil, counters, rec("second"))
-	m, _ := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) { c.Observer = obs })
+	m, _ := newMiddleware(t, newMemstore(), func(c *middleware.Config) { c.Observer = obs })
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(newMsg("k", "x"))
 	require.NoError(t, err)
 	require.Equal(t, []string{"first:processed", "second:processed"}, got)
@@ -149,7 +148,7 @@ func TestMultiObserverTellsEachInOrderSkippingNil(t *testing.T) {
 // A replay drops the metadata keys it is told to, and keeps the rest; the
 // stored record is untouched, so every replay is alike.
 func TestReplayDropMetadata(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	produce := func(msg *message.Message) ([]*message.Message, error) {
 		out := message.NewMessage("out-"+msg.UUID, []byte("charged"))
 		out.Metadata.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
@@ -181,7 +180,7 @@ func TestReplayDropMetadata(t *testing.T) {
 // A nil *Counters (or other nil pointer) as the observer means none.
 func TestNilPointerObserverIsNone(t *testing.T) {
 	var counters *middleware.Counters
-	m, err := middleware.New(middleware.Config{Store: memstore.New(memstore.Options{}), Namespace: "n", Observer: counters})
+	m, err := middleware.New(middleware.Config{Store: newMemstore(), Namespace: "n", Observer: counters})
 	require.NoError(t, err)
 	_, err = m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(newMsg("k", "x"))
 	require.NoError(t, err)

@@ -14,7 +14,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
-	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	"github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -83,7 +82,7 @@ func keyed(uuid, key, payload string) *message.Message {
 // a payload that differs from the one its key was first seen with, an
 // output too large to store.
 func TestIsPoisonRoutesWhatCannotSucceed(t *testing.T) {
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+	m, counters := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("k")
 		c.Fingerprint = keyfunc.PayloadHash()
 		c.MaxOutputBytes = 100
@@ -121,7 +120,7 @@ func TestIsPoisonNeverPoisonsWhatMustComeBack(t *testing.T) {
 			{"control: plain PoisonQueue", nil, false, middleware.OutcomeInProgress},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+				m, counters := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
 					c.Key = keyfunc.Metadata("k")
 					c.Timing.InProgressWait = 20 * time.Millisecond
 				})
@@ -154,7 +153,7 @@ func TestIsPoisonNeverPoisonsWhatMustComeBack(t *testing.T) {
 	})
 
 	t.Run("store outage", func(t *testing.T) {
-		store := &faultStore{Store: memstore.New(memstore.Options{}), acquireErr: errors.New("connection refused")}
+		store := &faultStore{Store: newMemstore(), acquireErr: errors.New("connection refused")}
 		m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.Timing.StoreTimeout = 50 * time.Millisecond })
 		e := newPoisonEnv(t, m, middleware.IsPoison, func(*message.Message) ([]*message.Message, error) { return nil, nil })
 		e.publish(t, "in", newMsg("m1", "x"))
@@ -167,7 +166,7 @@ func TestIsPoisonNeverPoisonsWhatMustComeBack(t *testing.T) {
 	})
 
 	t.Run("lost lease", func(t *testing.T) {
-		store := &faultStore{Store: memstore.New(memstore.Options{})}
+		store := &faultStore{Store: newMemstore()}
 		m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.LeaseTTL = 300 * time.Millisecond })
 		var attempts int
 		e := newPoisonEnv(t, m, middleware.IsPoison, func(msg *message.Message) ([]*message.Message, error) {

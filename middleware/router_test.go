@@ -13,7 +13,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
-	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	"github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -22,7 +21,7 @@ import (
 // whose nack redelivers the message at once.
 
 func TestRouterCompletedDuplicatesDropped(t *testing.T) {
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) { c.Namespace = "" })
+	m, counters := newMiddleware(t, newMemstore(), func(c *middleware.Config) { c.Namespace = "" })
 	var runs atomic.Int32
 	env := newRouter(t, func(r *message.Router, ps *gochannel.GoChannel) {
 		r.AddMiddleware(m.Middleware)
@@ -48,7 +47,7 @@ func TestRouterCompletedDuplicatesDropped(t *testing.T) {
 // processed exactly once with every copy acked in the end.
 func TestRouterConcurrentDuplicatesRunOnce(t *testing.T) {
 	const copies = 20
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), nil)
+	m, counters := newMiddleware(t, newMemstore(), nil)
 	var runs atomic.Int32
 	release := make(chan struct{})
 	env := newRouter(t, func(r *message.Router, ps *gochannel.GoChannel) {
@@ -75,7 +74,7 @@ func TestRouterConcurrentDuplicatesRunOnce(t *testing.T) {
 // The regression test for the bug this library exists to not have: a
 // handler fails once; the redelivery must be processed.
 func TestRouterFailedMessageIsRetried(t *testing.T) {
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), nil)
+	m, counters := newMiddleware(t, newMemstore(), nil)
 	var attempts, successes atomic.Int32
 	env := newRouter(t, func(r *message.Router, ps *gochannel.GoChannel) {
 		r.AddConsumerHandler("h", "in", ps, func(msg *message.Message) error {
@@ -124,7 +123,7 @@ func TestWatermillDeduplicatorDropsTheRetry(t *testing.T) {
 }
 
 func TestRouterPanicReleasesLease(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	m, counters := newMiddleware(t, store, nil)
 	var attempts atomic.Int32
 	env := newRouter(t, func(r *message.Router, ps *gochannel.GoChannel) {
@@ -162,7 +161,7 @@ func (p *failingPublisher) Publish(topic string, msgs ...*message.Message) error
 // completed and replays the stored output. The side effect ran once and
 // the output is delivered.
 func TestRouterOutputReplayedWhenFirstPublishFails(t *testing.T) {
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), nil)
+	m, counters := newMiddleware(t, newMemstore(), nil)
 	var sideEffects atomic.Int32
 	env := newRouter(t, func(r *message.Router, ps *gochannel.GoChannel) {
 		pub := &failingPublisher{Publisher: ps}
@@ -192,7 +191,7 @@ func TestRouterOutputReplayedWhenFirstPublishFails(t *testing.T) {
 }
 
 func TestRouterTwoHandlersOneTopicEachRunOnce(t *testing.T) {
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) { c.Namespace = "" })
+	m, counters := newMiddleware(t, newMemstore(), func(c *middleware.Config) { c.Namespace = "" })
 	var billing, shipping atomic.Int32
 	env := newRouter(t, func(r *message.Router, ps *gochannel.GoChannel) {
 		r.AddMiddleware(m.Middleware)
@@ -212,7 +211,7 @@ func TestRouterTwoHandlersOneTopicEachRunOnce(t *testing.T) {
 // A message without a key is rejected with a typed error that Watermill's
 // PoisonQueueWithFilter routes with IsPoison; nothing is dropped silently.
 func TestRouterKeyErrorsGoToPoisonQueue(t *testing.T) {
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+	m, counters := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
 		c.Key = keyfunc.JSONField("order_id")
 	})
 	var runs atomic.Int32
@@ -242,7 +241,7 @@ func TestRouterKeyErrorsGoToPoisonQueue(t *testing.T) {
 // store. Each redelivery waits its full budget, so the number of store
 // calls per unit of time stays small.
 func TestRouterInProgressDuplicateDoesNotSpinTheStore(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{})}
+	store := &faultStore{Store: newMemstore()}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Timing.InProgressWait = 100 * time.Millisecond
 		c.Timing.Poll.Initial = 20 * time.Millisecond
@@ -286,7 +285,7 @@ func TestOutcomesAckedMatchesRouterBehaviour(t *testing.T) {
 // IsPoison outermost, then idempotency, then Retry. Retries run under one
 // lease; a key error goes to the poison queue without being retried.
 func TestRouterRecommendedChainWithRetryAndPoisonQueue(t *testing.T) {
-	m, counters := newMiddleware(t, memstore.New(memstore.Options{}), func(c *middleware.Config) {
+	m, counters := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
 		c.Key = keyfunc.Metadata("order")
 	})
 	var attempts atomic.Int32

@@ -87,9 +87,9 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 		// applied and its reply lost.
 		d.ev.CompletedByHandler = attempts == 1 && errors.Is(cerr, backends.ErrLeaseLost)
 		return m.finish(d, OutcomeProcessed, out, nil)
-	case errors.Is(cerr, backends.ErrLeaseLost), errors.Is(lost, backends.ErrLeaseLost):
+	case errors.Is(cerr, backends.ErrLeaseLost), errors.Is(lost, backends.ErrLeaseLost) && !errors.Is(lost, errNotRenewed):
 		// The store says another owner holds the key, or deleted it.
-		return m.finish(d, OutcomeLeaseLost, nil, fmt.Errorf("%w: at completion: %w", ErrLeaseLost, errors.Join(cerr, lost)))
+		return m.finish(d, OutcomeLeaseLost, nil, fmt.Errorf("idempotency: at completion: %w", errors.Join(cerr, lost)))
 	}
 	// The last resort: the work is done, but its completion could not be
 	// recorded while the lease could still be kept. Nacking would run the

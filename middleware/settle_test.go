@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -40,7 +39,7 @@ func requireCompleted(t *testing.T, store backends.Store, m *middleware.Idempote
 
 // The first completions fail; they are retried and the key ends completed.
 func TestCompleteRetriedUntilRecorded(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}), completeFails: 3}
+	store := &faultStore{Store: newMemstore(), completeFails: 3}
 	m, counters := newMiddleware(t, store, nil)
 	out, err := m.Middleware(oneOutput)(newMsg("k", "x"))
 	require.NoError(t, err)
@@ -53,7 +52,7 @@ func TestCompleteRetriedUntilRecorded(t *testing.T) {
 // The store applied the completion but the reply was lost. The retry finds
 // the key completed under this very lease: a success.
 func TestCompleteReplyLostIsRecognised(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}), completeLost: 1}
+	store := &faultStore{Store: newMemstore(), completeLost: 1}
 	var events []middleware.Event
 	m, _ := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Observer = middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) { events = append(events, ev) })
@@ -70,7 +69,7 @@ func TestCompleteReplyLostIsRecognised(t *testing.T) {
 // While the completion is retried, the lease is kept: renewals go on, and
 // a duplicate arriving meanwhile finds the key in progress, not free.
 func TestLeaseKeptWhileCompletionRetried(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}), completeErr: errors.New("connection reset")}
+	store := &faultStore{Store: newMemstore(), completeErr: errors.New("connection reset")}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.LeaseTTL = 300 * time.Millisecond // renewed every 100ms
 		c.Timing.InProgressWait = -1
@@ -96,7 +95,7 @@ func TestLeaseKeptWhileCompletionRetried(t *testing.T) {
 // recorded (a nack would run the handler again for certain), logging the
 // key at Error level.
 func TestCompleteGivesUpOnlyWhenTheLeaseCannotBeKept(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{})}
+	store := &faultStore{Store: newMemstore()}
 	logger := watermill.NewCaptureLogger()
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) { c.Logger = logger })
 	out, err := m.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -125,7 +124,7 @@ func TestCompleteGivesUpOnlyWhenTheLeaseCannotBeKept(t *testing.T) {
 // Completions keep failing while renewals succeed: the retries stop after
 // a lease TTL (or StoreTimeout, if longer).
 func TestCompleteRetriesAreBounded(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}), completeErr: errors.New("connection reset")}
+	store := &faultStore{Store: newMemstore(), completeErr: errors.New("connection reset")}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.LeaseTTL = 300 * time.Millisecond
 		c.Timing.StoreTimeout = 50 * time.Millisecond
@@ -138,7 +137,7 @@ func TestCompleteRetriesAreBounded(t *testing.T) {
 
 // A completion the store refuses for good is not retried.
 func TestCompletePermanentErrorNotRetried(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}),
+	store := &faultStore{Store: newMemstore(),
 		completeErr: fmt.Errorf("%w: value too large", backends.ErrRejected)}
 	m, counters := newMiddleware(t, store, nil)
 	_, err := m.Middleware(oneOutput)(newMsg("k", "x"))
@@ -151,7 +150,7 @@ func TestCompletePermanentErrorNotRetried(t *testing.T) {
 // redelivery takes the key at once instead of waiting for the lease to
 // run out.
 func TestReleaseRetried(t *testing.T) {
-	store := &faultStore{Store: memstore.New(memstore.Options{}), releaseFails: 2}
+	store := &faultStore{Store: newMemstore(), releaseFails: 2}
 	m, counters := newMiddleware(t, store, nil)
 	_, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, errBoom })(newMsg("k", "x"))
 	require.ErrorIs(t, err, errBoom)

@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/backends/storetest"
 )
 
@@ -17,7 +16,7 @@ import (
 // even on a loaded machine.
 
 func TestStormMemstore(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	storetest.Storm{
 		Instances: 8, Keys: 2000, Copies: 3,
 		Store: func(testing.TB, int) backends.Store { return store },
@@ -29,7 +28,7 @@ func TestStormMemstore(t *testing.T) {
 // Acquisitions, renewals, completions, releases and inspections are all
 // retried, and the promise holds.
 func TestStormMemstoreFlakyStore(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	storetest.Storm{
 		Instances: 8, Keys: 2000, Copies: 3, Flaky: 0.05,
 		Store: func(testing.TB, int) backends.Store { return store },

@@ -45,7 +45,7 @@ func TestWaitingDuplicateWokenByCompletion(t *testing.T) {
 		watch bool
 	}{{"watched", true}, {"polled", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			cs := &countingStore{Store: memstore.New(memstore.Options{})}
+			cs := &countingStore{Store: newMemstore()}
 			var store backends.Store = cs
 			poll := time.Minute
 			if !tc.watch {
@@ -128,7 +128,7 @@ func deliverDuplicate(m *middleware.Idempotency) <-chan error {
 // A watch that never fires does not strand the duplicate: the safety
 // polls find the holder's completion.
 func TestWaitingDuplicateFallsBackToPolling(t *testing.T) {
-	cs := &countingStore{Store: memstore.New(memstore.Options{})}
+	cs := &countingStore{Store: newMemstore()}
 	m, counters := newMiddleware(t, deafWatcher{cs}, func(c *middleware.Config) {
 		c.LeaseTTL = 10 * time.Minute
 		c.Timing.Poll = middleware.Backoff{Initial: 5 * time.Millisecond, Max: 10 * time.Millisecond}
@@ -166,7 +166,7 @@ func requireAckedDuplicate(t *testing.T, done <-chan error, counters *middleware
 // polling does: the first wake is answered at once, later ones at the
 // poll backoff.
 func TestSpuriousWakesArePacedLikePolls(t *testing.T) {
-	cs := &countingStore{Store: memstore.New(memstore.Options{})}
+	cs := &countingStore{Store: newMemstore()}
 	const wait = time.Second
 	m, counters := newMiddleware(t, noisyWatcher{cs}, func(c *middleware.Config) {
 		c.LeaseTTL = 10 * time.Minute
@@ -214,7 +214,7 @@ func (s *outageWatcher) Watch(ctx context.Context, key string) (<-chan struct{},
 // is woken by the holder's completion rather than by a poll: from the
 // watch on, one look at the store, when woken.
 func TestWaitingDuplicateWatchesOnceStoreCanWatch(t *testing.T) {
-	cs := &countingStore{Store: memstore.New(memstore.Options{})}
+	cs := &countingStore{Store: newMemstore()}
 	store := &outageWatcher{countingStore: cs}
 	store.down.Store(true)
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
@@ -260,7 +260,7 @@ func (s *completingWatcher) Watch(ctx context.Context, key string) (<-chan struc
 // safety look (ten minutes here): the store wakes a watch of a key no
 // longer held at once, and the duplicate is acked after one more Acquire.
 func TestCompletionBeforeTheWatchIsInPlace(t *testing.T) {
-	cs := &countingStore{Store: memstore.New(memstore.Options{})}
+	cs := &countingStore{Store: newMemstore()}
 	holder, err := cs.Acquire(context.Background(), backends.AcquireRequest{Key: "test:k", Owner: "holder", LeaseTTL: time.Hour, Retention: time.Hour})
 	require.NoError(t, err)
 	m, counters := newMiddleware(t, &completingWatcher{countingStore: cs, holder: holder.Lease}, func(c *middleware.Config) {
@@ -290,7 +290,7 @@ func (s *stalledWatch) Watch(ctx context.Context, key string) (<-chan struct{}, 
 // holder's lease ran out meanwhile, so the duplicate takes over instead of
 // being nacked on a look from before the wait began.
 func TestWaitEndsOnALookAfterItsDeadline(t *testing.T) {
-	mem := memstore.New(memstore.Options{})
+	mem := newMemstore()
 	store := &stalledWatch{Store: mem, stall: 200 * time.Millisecond}
 	m, counters := newMiddleware(t, store, func(c *middleware.Config) {
 		c.Timing.Poll.Initial = 5 * time.Millisecond

@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 // A way to take the lease, each one conditional write whose condition is
@@ -89,7 +90,7 @@ func contentionPause(round int) time.Duration {
 // that returns no item with a failed condition costs a read after each
 // failure. See the package documentation.
 func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateAcquire(req); err != nil {
 		return backends.AcquireResult{}, err
 	}
 	w := fresh
@@ -178,8 +179,9 @@ func (s *Store) acquired(req backends.AcquireRequest, w way, attrs map[string]ty
 		Status: backends.Acquired,
 		Lease: backends.Lease{
 			Key: req.Key, Owner: req.Owner, Token: it.token, Attempt: int(it.attempt),
-			Takeover: w == takeover, Reentrant: w == reentrant,
+			Takeover: w == takeover,
 		},
+		Reentrant:   w == reentrant,
 		Fingerprint: it.fingerprint,
 	}, nil
 }

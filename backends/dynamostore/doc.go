@@ -4,7 +4,7 @@
 //
 //	cfg, err := config.LoadDefaultConfig(ctx)
 //	store, err := dynamostore.New(dynamodb.NewFromConfig(cfg), dynamostore.Options{Table: "idempotency_keys"})
-//	err = store.CreateTable(ctx, dynamostore.TableOptions{}) // or create it with CloudFormation or Terraform
+//	err = store.Migrate(ctx) // or create the table with CloudFormation or Terraform
 //
 // # Protocol
 //
@@ -44,7 +44,7 @@
 //
 // An item holds at most 400 KB, so Complete refuses an output over
 // [MaxOutputBytes] (the middleware keeps its MaxOutputBytes within it), and
-// Acquire a fingerprint over [MaxFingerprintBytes]. docs/dynamodb.md has
+// Acquire a fingerprint over backends.MaxFingerprintBytes. docs/dynamodb.md has
 // the schema, the IAM permissions, the capacity each delivery uses and
 // its cost.
 package dynamostore

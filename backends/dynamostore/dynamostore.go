@@ -46,23 +46,11 @@ const (
 	// the longest key, owner and fingerprint and this output still fits
 	// DynamoDB's 400 KB item.
 	MaxOutputBytes = 392 << 10
-	// MaxFingerprintBytes is the longest fingerprint Acquire accepts: every
-	// store's, backends.MaxFingerprintBytes.
-	MaxFingerprintBytes = backends.MaxFingerprintBytes
-)
-
-// Errors returned by [New].
-var (
-	// ErrNilClient: New was given no client.
-	ErrNilClient = errors.New("dynamostore: nil client")
-	// ErrInvalidOptions is wrapped by New's errors for options out of
-	// range: a table name DynamoDB refuses, a ClockSkew over MaxClockSkew.
-	ErrInvalidOptions = errors.New("dynamostore: invalid options")
 )
 
 // Options configures a [Store]. The zero value is ready to use.
 type Options struct {
-	// Table is the records' table; [Store.CreateTable] creates it.
+	// Table is the records' table; [Store.Migrate] creates it.
 	// Defaults to DefaultTable.
 	Table string
 	// ClockSkew is how far apart the clocks of the processes sharing the
@@ -73,10 +61,28 @@ type Options struct {
 	// MaxClockSkew; negative means the clocks agree exactly. Defaults to
 	// DefaultClockSkew.
 	ClockSkew time.Duration
+	// TTL says whether Migrate turns on DynamoDB's Time to Live for the
+	// table. Defaults to TTLOn.
+	TTL TTL
 }
 
+// TTL says whether [Store.Migrate] turns on DynamoDB's Time to Live for
+// the table, which deletes records past their retention.
+type TTL int
+
+const (
+	// TTLOn: Migrate turns Time to Live on, on the ttl attribute. The
+	// default.
+	TTLOn TTL = iota
+	// TTLUntouched: Migrate leaves Time to Live as it finds it: for
+	// emulators without UpdateTimeToLive (dynalite), or a table whose TTL
+	// your infrastructure code manages. Without TTL, records past their
+	// retention stay in the table, ignored, until something deletes them.
+	TTLUntouched
+)
+
 // Store is a [backends.Store] on DynamoDB. Create it with [New]; create
-// its table with [Store.CreateTable] or your own infrastructure code.
+// its table with [Store.Migrate] or your own infrastructure code.
 type Store struct {
 	api   API
 	table *string
@@ -85,10 +91,13 @@ type Store struct {
 	now   func() time.Time
 }
 
-// New returns a store on api. It does not contact DynamoDB.
+// New returns a store on api. It does not contact DynamoDB. It returns an
+// error wrapping [backends.ErrNilClient] for a nil api, and one wrapping
+// [backends.ErrInvalidOptions] for a table name DynamoDB refuses, a
+// ClockSkew over MaxClockSkew or an unknown TTL.
 func New(api API, opts Options) (*Store, error) {
 	if storekit.IsNil(api) {
-		return nil, ErrNilClient
+		return nil, fmt.Errorf("dynamostore: %w", backends.ErrNilClient)
 	}
 	if opts.Table == "" {
 		opts.Table = DefaultTable
@@ -97,10 +106,13 @@ func New(api API, opts Options) (*Store, error) {
 		opts.ClockSkew = DefaultClockSkew
 	}
 	if opts.ClockSkew > MaxClockSkew {
-		return nil, fmt.Errorf("%w: ClockSkew %v is over %v", ErrInvalidOptions, opts.ClockSkew, MaxClockSkew)
+		return nil, fmt.Errorf("dynamostore: %w: ClockSkew %v is over %v", backends.ErrInvalidOptions, opts.ClockSkew, MaxClockSkew)
+	}
+	if opts.TTL != TTLOn && opts.TTL != TTLUntouched {
+		return nil, fmt.Errorf("dynamostore: %w: unknown TTL %d", backends.ErrInvalidOptions, int(opts.TTL))
 	}
 	if n := len(opts.Table); n < 3 || n > 255 || !validTableName(opts.Table) {
-		return nil, fmt.Errorf("%w: table name %q: 3 to 255 of a-z, A-Z, 0-9, '_', '-' and '.'", ErrInvalidOptions, opts.Table)
+		return nil, fmt.Errorf("dynamostore: %w: table name %q: 3 to 255 of a-z, A-Z, 0-9, '_', '-' and '.'", backends.ErrInvalidOptions, opts.Table)
 	}
 	return &Store{api: api, table: aws.String(opts.Table), opts: opts, skew: ms(max(opts.ClockSkew, 0)), now: time.Now}, nil
 }
@@ -192,7 +204,7 @@ func (s *Store) get(ctx context.Context, key string) (it item, ok bool, err erro
 
 // Inspect implements [backends.Store], with a strongly consistent read.
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return backends.Record{}, err
 	}
 	it, ok, err := s.get(ctx, key)
@@ -211,7 +223,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 
 // Delete implements [backends.Store].
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return err
 	}
 	out, err := s.api.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: s.table, Key: keyOf(key), ReturnValues: types.ReturnValueAllOld})
@@ -237,7 +249,7 @@ const held = `#owner = :owner AND #token = :token AND #state = :one AND #forget 
 
 // heldUpdate runs set on the lease's record if the lease is still held.
 func (s *Store) heldUpdate(ctx context.Context, op string, lease backends.Lease, set string, more map[string]types.AttributeValue) error {
-	if err := lease.Validate(); err != nil {
+	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
 	now := s.now().UnixMilli()
@@ -255,7 +267,7 @@ func (s *Store) heldUpdate(ctx context.Context, op string, lease backends.Lease,
 
 // Renew implements [backends.Store].
 func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
-	if err := backends.ValidateLeaseTTL(ttl); err != nil {
+	if err := storekit.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
 	until := s.now().UnixMilli() + ms(ttl)

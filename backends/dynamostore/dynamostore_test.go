@@ -66,9 +66,10 @@ var tableSeq atomic.Int64
 func newStore(t testing.TB, api dynamostore.API, opts dynamostore.Options) *dynamostore.Store {
 	t.Helper()
 	opts.Table = fmt.Sprintf("idem_test_%s_%d_%d", os.Getenv("IDEM_TEST_RUN"), os.Getpid(), tableSeq.Add(1))
+	opts.TTL = dynamostore.TTLUntouched // dynalite has no UpdateTimeToLive
 	s, err := dynamostore.New(api, opts)
 	require.NoError(t, err)
-	require.NoError(t, s.CreateTable(context.Background(), dynamostore.TableOptions{NoTTL: true}))
+	require.NoError(t, s.Migrate(context.Background()))
 	deleter, ok := api.(interface {
 		DeleteTable(context.Context, *dynamodb.DeleteTableInput, ...func(*dynamodb.Options)) (*dynamodb.DeleteTableOutput, error)
 	})
@@ -176,16 +177,18 @@ func TestNewValidates(t *testing.T) {
 	t.Parallel()
 	api := dynamodb.New(dynamodb.Options{Region: "us-east-1"})
 	_, err := dynamostore.New(nil, dynamostore.Options{})
-	require.ErrorIs(t, err, dynamostore.ErrNilClient)
+	require.ErrorIs(t, err, backends.ErrNilClient)
+	require.EqualError(t, err, "dynamostore: backends: nil client")
 	_, err = dynamostore.New((*dynamodb.Client)(nil), dynamostore.Options{})
-	require.ErrorIs(t, err, dynamostore.ErrNilClient, "a typed nil client")
+	require.ErrorIs(t, err, backends.ErrNilClient, "a typed nil client")
 	for name, opts := range map[string]dynamostore.Options{
 		"short table name": {Table: "ab"},
 		"odd table name":   {Table: "idem keys"},
 		"skew over limit":  {ClockSkew: dynamostore.MaxClockSkew + 1},
+		"unknown TTL":      {TTL: dynamostore.TTLUntouched + 1},
 	} {
 		_, err := dynamostore.New(api, opts)
-		require.ErrorIs(t, err, dynamostore.ErrInvalidOptions, name)
+		require.ErrorIs(t, err, backends.ErrInvalidOptions, name)
 	}
 	s, err := dynamostore.New(api, dynamostore.Options{})
 	require.NoError(t, err)

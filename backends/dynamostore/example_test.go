@@ -44,7 +44,7 @@ func setup(ctx context.Context, cfg aws.Config, router *message.Router) error {
 		return err
 	}
 	// Or create the table with CloudFormation or Terraform (docs/dynamodb.md).
-	if err := store.CreateTable(ctx, dynamostore.TableOptions{}); err != nil {
+	if err := store.Migrate(ctx); err != nil {
 		return err
 	}
 	idem, err := idempotency.New(idempotency.Config{Store: store, Key: keyfunc.JSONField("order_id")})

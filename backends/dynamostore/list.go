@@ -2,7 +2,6 @@ package dynamostore
 
 import (
 	"context"
-	"slices"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -10,6 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 // batchGetMax is the most keys one BatchGetItem reads.
@@ -22,55 +22,30 @@ const batchGetMax = 100
 // BatchGetItem: a page costs a read of every item's key and times. It is
 // meant for operators, not for a hot path.
 func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.ListPage, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateList(req); err != nil {
 		return backends.ListPage{}, err
 	}
-	after, _ := req.After()
-	keys, err := s.scanKeys(ctx, req.Prefix(), req.State)
+	keys, err := s.scanKeys(ctx, storekit.ListPrefix(req.Namespace), req.State)
 	if err != nil {
 		return backends.ListPage{}, err
 	}
-	i, found := slices.BinarySearch(keys, after)
-	if found {
-		i++
-	}
-	keys = keys[i:]
-	var page backends.ListPage
-	for len(keys) > 0 && len(page.Records) < req.Limit {
-		batch := keys[:min(len(keys), max(req.Limit-len(page.Records), 16), batchGetMax)]
-		keys = keys[len(batch):]
-		recs, err := s.getMany(ctx, batch)
-		if err != nil {
-			return backends.ListPage{}, err
-		}
-		for _, rec := range recs {
-			if req.State != 0 && rec.State != req.State {
-				continue // changed since the scan
-			}
-			page.Records = append(page.Records, rec)
-			if len(page.Records) == req.Limit {
-				page.Cursor = backends.ListCursor(rec.Key)
-				break
-			}
-		}
-	}
-	return page, nil
+	return storekit.Page(ctx, req, keys, batchGetMax, s.getMany)
 }
 
 // Count implements [backends.Lister], scanning as List does.
 func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, error) {
 	var c backends.Counts
 	now := s.now().UnixMilli()
-	err := s.scan(ctx, backends.ListRequest{Namespace: namespace}.Prefix(), func(it item) {
+	err := s.scan(ctx, storekit.ListPrefix(namespace), func(it item) {
 		if st, ok := s.judge(it, now); ok {
-			c.Add(st)
+			storekit.AddCount(&c, st)
 		}
 	})
 	return c, err
 }
 
-// scanKeys returns, sorted, the keys that start with prefix of the records
-// present and, unless state is 0, in that state.
+// scanKeys returns the keys that start with prefix of the records present
+// and, unless state is 0, in that state.
 func (s *Store) scanKeys(ctx context.Context, prefix string, state backends.State) ([]string, error) {
 	var keys []string
 	now := s.now().UnixMilli()
@@ -79,7 +54,6 @@ func (s *Store) scanKeys(ctx context.Context, prefix string, state backends.Stat
 			keys = append(keys, it.key)
 		}
 	})
-	slices.Sort(keys)
 	return keys, err
 }
 

@@ -122,6 +122,12 @@ func recorded(t *testing.T, file string, req *http.Request) (*http.Response, err
 // r only, with its clock stopped at recordedAt.
 func replayStore(t *testing.T, r *replay) *dynamostore.Store {
 	t.Helper()
+	return replayStoreWith(t, r, dynamostore.Options{})
+}
+
+// replayStoreWith is replayStore with opts.
+func replayStoreWith(t *testing.T, r *replay, opts dynamostore.Options) *dynamostore.Store {
+	t.Helper()
 	api := dynamodb.New(dynamodb.Options{
 		Region:       "us-east-1",
 		BaseEndpoint: aws.String("https://dynamodb.us-east-1.amazonaws.com"),
@@ -130,7 +136,7 @@ func replayStore(t *testing.T, r *replay) *dynamostore.Store {
 		// A retry would be a request the replay does not expect.
 		RetryMaxAttempts: 1,
 	})
-	s, err := dynamostore.New(api, dynamostore.Options{})
+	s, err := dynamostore.New(api, opts)
 	require.NoError(t, err)
 	dynamostore.SetClock(s, func() time.Time { return recordedAt })
 	return s
@@ -196,15 +202,16 @@ func TestRecordedAllOldReentrant(t *testing.T) {
 	res, err := s.Acquire(ctx(t), backends.AcquireRequest{Key: "order-1003", Owner: "consumer-a", LeaseTTL: 30 * time.Second, Retention: 24 * time.Hour})
 	require.NoError(t, err)
 	require.Equal(t, backends.Acquired, res.Status)
-	require.True(t, res.Lease.Reentrant)
+	require.True(t, res.Reentrant)
 	require.Equal(t, int64(5), res.Lease.Token, "the same token")
 	require.Equal(t, 1, res.Lease.Attempt)
 }
 
-// CreateTable turns on Time to Live on the ttl attribute, accepts a table
+// Migrate turns on Time to Live on the ttl attribute, accepts a table
 // where it is already on, and refuses one where it is on another
-// attribute: the store's ttl would never be read there.
-func TestRecordedCreateTableTTL(t *testing.T) {
+// attribute: the store's ttl would never be read there. With
+// TTLUntouched it leaves TTL alone.
+func TestRecordedMigrateTTL(t *testing.T) {
 	t.Parallel()
 	wantTTL := func(t *testing.T, body map[string]any) {
 		require.Equal(t, map[string]any{
@@ -224,26 +231,26 @@ func TestRecordedCreateTableTTL(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name      string
-		opts      dynamostore.TableOptions
+		ttl       dynamostore.TTL
 		exchanges []exchange
 		err       error
 	}{
-		{"new table", dynamostore.TableOptions{}, []exchange{
+		{"new table", dynamostore.TTLOn, []exchange{
 			{op: "CreateTable", file: "create_table.http", check: wantTable},
 			{op: "DescribeTable", file: "describe_table_creating.http"},
 			{op: "DescribeTable", file: "describe_table_active.http"},
 			{op: "UpdateTimeToLive", file: "update_time_to_live.http", check: wantTTL},
 		}, nil},
-		{"TTL already on", dynamostore.TableOptions{},
+		{"TTL already on", dynamostore.TTLOn,
 			append(exists[:2:2], exchange{op: "UpdateTimeToLive", file: "update_time_to_live_enabled.http", check: wantTTL}), nil},
-		{"TTL on another attribute", dynamostore.TableOptions{},
+		{"TTL on another attribute", dynamostore.TTLOn,
 			append(exists[:2:2], exchange{op: "UpdateTimeToLive", file: "update_time_to_live_other.http", check: wantTTL}), backends.ErrRejected},
-		{"NoTTL", dynamostore.TableOptions{NoTTL: true}, exists, nil},
+		{"TTLUntouched", dynamostore.TTLUntouched, exists, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			s := replayStore(t, newReplay(t, tc.exchanges...))
-			err := s.CreateTable(context.Background(), tc.opts)
+			s := replayStoreWith(t, newReplay(t, tc.exchanges...), dynamostore.Options{TTL: tc.ttl})
+			err := s.Migrate(context.Background())
 			if tc.err == nil {
 				require.NoError(t, err)
 				return

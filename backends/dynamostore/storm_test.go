@@ -83,7 +83,7 @@ func TestLargestRecordFits(t *testing.T) {
 	sv := startServer(t)
 	s := newStore(t, sv.client(nil), dynamostore.Options{})
 	key := strings.Repeat("k", backends.MaxKeyBytes)
-	fp := bytes.Repeat([]byte{0xfe}, dynamostore.MaxFingerprintBytes)
+	fp := bytes.Repeat([]byte{0xfe}, backends.MaxFingerprintBytes)
 	res, err := s.Acquire(ctx(t), backends.AcquireRequest{
 		Key: key, Owner: strings.Repeat("o", backends.MaxOwnerBytes), LeaseTTL: time.Minute,
 		Retention: backends.MaxDuration, Fingerprint: fp,

@@ -12,23 +12,14 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// TableOptions configures [Store.CreateTable]. The zero value is ready to
-// use.
-type TableOptions struct {
-	// NoTTL leaves DynamoDB's Time to Live off for the table. Records past
-	// their retention then stay in the table, ignored, until something
-	// deletes them. Only for emulators without UpdateTimeToLive
-	// (dynalite). Defaults to false: TTL on the ttl attribute.
-	NoTTL bool
-}
-
-// CreateTable creates the store's table if it does not exist, with
-// on-demand capacity, waits until it is active, and turns on Time to Live
-// on its ttl attribute (docs/dynamodb.md has the same schema for
-// CloudFormation and Terraform). It is idempotent and safe to call from
-// several instances at once. Correctness never depends on TTL, which
-// deletes expired items lazily: it only reclaims space.
-func (s *Store) CreateTable(ctx context.Context, opts TableOptions) error {
+// Migrate creates the store's table if it does not exist, with on-demand
+// capacity, waits until it is active, and, unless Options.TTL is
+// TTLUntouched, turns on Time to Live on its ttl attribute
+// (docs/dynamodb.md has the same schema for CloudFormation and
+// Terraform). It is idempotent and safe to call from several instances at
+// once. Correctness never depends on TTL, which deletes expired items
+// lazily: it only reclaims space.
+func (s *Store) Migrate(ctx context.Context) error {
 	_, err := s.api.CreateTable(ctx, &dynamodb.CreateTableInput{
 		TableName:            s.table,
 		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String(attrID), AttributeType: types.ScalarAttributeTypeB}},
@@ -42,7 +33,7 @@ func (s *Store) CreateTable(ctx context.Context, opts TableOptions) error {
 	if err := s.waitActive(ctx); err != nil {
 		return err
 	}
-	if opts.NoTTL {
+	if s.opts.TTL == TTLUntouched {
 		return nil
 	}
 	_, err = s.api.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
@@ -56,7 +47,7 @@ func (s *Store) CreateTable(ctx context.Context, opts TableOptions) error {
 }
 
 // ttlAlreadyOn reports whether UpdateTimeToLive failed only because TTL
-// is already on, as a second CreateTable finds it.
+// is already on, as a second Migrate finds it.
 func ttlAlreadyOn(err error) bool {
 	var v interface{ ErrorMessage() string }
 	return errors.As(err, &v) && strings.Contains(strings.ToLower(v.ErrorMessage()), "already enabled")

@@ -12,7 +12,10 @@ import (
 // The store contract by hand: acquire, see the duplicate, complete.
 func Example() {
 	ctx := context.Background()
-	store := memstore.New(memstore.Options{})
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		panic(err)
+	}
 	req := backends.AcquireRequest{Key: "orders:o-1", Owner: "worker-a", LeaseTTL: 30 * time.Second, Retention: time.Hour}
 
 	res, _ := store.Acquire(ctx, req)
@@ -34,7 +37,10 @@ func Example() {
 // A fake clock drives lease expiry without sleeping.
 func ExampleOptions_now() {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	store := memstore.New(memstore.Options{Now: func() time.Time { return now }})
+	store, err := memstore.New(memstore.Options{Now: func() time.Time { return now }})
+	if err != nil {
+		panic(err)
+	}
 	ctx := context.Background()
 
 	first, _ := store.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "crashed", LeaseTTL: time.Second, Retention: time.Hour})

@@ -3,12 +3,13 @@ package memstore
 import (
 	"bytes"
 	"context"
-	"slices"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 var (
@@ -21,24 +22,23 @@ type Options struct {
 	// Now returns the store's current time. Defaults to [time.Now].
 	Now func() time.Time
 	// PruneInterval is the least time between two sweeps that remove
-	// records past their retention. Non-positive values mean the default.
-	// Defaults to one minute.
+	// records past their retention; zero means the default. Defaults to
+	// one minute.
 	PruneInterval time.Duration
 }
 
 // Store is an in-memory [backends.Store]. Create it with [New].
 type Store struct {
+	opts          Options
 	now           func() time.Time
 	pruneInterval time.Duration
 
 	mu        sync.Mutex
 	records   map[string]*record
-	watches   map[string]map[*watch]struct{}
 	lastPrune time.Time
+	// wakes are the watches of keys; a key's are woken under mu.
+	wakes storekit.Wakes
 }
-
-// watch is one caller's watch on a key; changed is closed once.
-type watch struct{ changed chan struct{} }
 
 type state uint8
 
@@ -61,30 +61,29 @@ type record struct {
 	output       []byte
 }
 
-// New returns an empty store.
-func New(opts Options) *Store {
+// New returns an empty store. It returns an error wrapping
+// [backends.ErrInvalidOptions] for a negative PruneInterval.
+func New(opts Options) (*Store, error) {
+	if opts.PruneInterval < 0 {
+		return nil, fmt.Errorf("memstore: %w: negative PruneInterval %v", backends.ErrInvalidOptions, opts.PruneInterval)
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if opts.PruneInterval <= 0 {
+	if opts.PruneInterval == 0 {
 		opts.PruneInterval = time.Minute
 	}
 	return &Store{
+		opts:          opts,
 		now:           opts.Now,
 		pruneInterval: opts.PruneInterval,
 		records:       make(map[string]*record),
-		watches:       make(map[string]map[*watch]struct{}),
 		lastPrune:     opts.Now(),
-	}
+	}, nil
 }
 
-// Len returns how many records the store holds, including records past
-// their retention that the next sweep will remove.
-func (s *Store) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.records)
-}
+// Options returns the store's options with defaults applied.
+func (s *Store) Options() Options { return s.opts }
 
 // live returns the key's record unless it is absent or past its retention.
 // The caller holds s.mu.
@@ -116,7 +115,7 @@ func (s *Store) pruneLocked(now time.Time) {
 
 // Acquire implements [backends.Store].
 func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateAcquire(req); err != nil {
 		return backends.AcquireResult{}, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -164,13 +163,13 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	r.forgetAt = r.leaseExpires.Add(r.retention)
 
 	res.Status = backends.Acquired
+	res.Reentrant = reentrant
 	res.Lease = backends.Lease{
-		Key:       req.Key,
-		Owner:     r.owner,
-		Token:     r.token,
-		Attempt:   r.attempt,
-		Takeover:  takeover,
-		Reentrant: reentrant,
+		Key:      req.Key,
+		Owner:    r.owner,
+		Token:    r.token,
+		Attempt:  r.attempt,
+		Takeover: takeover,
 	}
 	return res, nil
 }
@@ -179,7 +178,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 // the store's lock; otherwise it returns ErrLeaseLost. durErr is the
 // caller's validation of its duration argument, if it has one.
 func (s *Store) update(ctx context.Context, l backends.Lease, durErr error, fn func(r *record, now time.Time)) error {
-	if err := l.Validate(); err != nil {
+	if err := storekit.ValidateLease(l); err != nil {
 		return err
 	}
 	if durErr != nil {
@@ -197,14 +196,14 @@ func (s *Store) update(ctx context.Context, l backends.Lease, durErr error, fn f
 	}
 	fn(r, now)
 	if r.state != stateInProgress {
-		s.wakeLocked(l.Key) // completed or released: the waiters may go on
+		s.wakes.Wake(l.Key) // completed or released: the waiters may go on
 	}
 	return nil
 }
 
 // Renew implements [backends.Store].
 func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
-	return s.update(ctx, lease, backends.ValidateLeaseTTL(ttl), func(r *record, now time.Time) {
+	return s.update(ctx, lease, storekit.ValidateLeaseTTL(ttl), func(r *record, now time.Time) {
 		r.leaseExpires = now.Add(ttl)
 		r.forgetAt = r.leaseExpires.Add(r.retention)
 	})
@@ -230,7 +229,7 @@ func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
 
 // Inspect implements [backends.Store].
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return backends.Record{}, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -274,7 +273,7 @@ func (r *record) export(key string, now time.Time) backends.Record {
 
 // Delete implements [backends.Store].
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -286,44 +285,36 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		return backends.ErrNotFound
 	}
 	delete(s.records, key)
-	s.wakeLocked(key)
+	s.wakes.Wake(key)
 	return nil
 }
 
 // List implements [backends.Lister]. It sorts the namespace's keys on
 // every call: meant for operators and tests, not for large stores.
 func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.ListPage, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateList(req); err != nil {
 		return backends.ListPage{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		return backends.ListPage{}, err
 	}
-	after, _ := req.After()
-	prefix := req.Prefix()
+	prefix := storekit.ListPrefix(req.Namespace)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	keys := make([]string, 0)
 	for k, r := range s.records {
-		if k > after && strings.HasPrefix(k, prefix) && now.Before(r.forgetAt) {
+		if strings.HasPrefix(k, prefix) && now.Before(r.forgetAt) {
 			keys = append(keys, k)
 		}
 	}
-	slices.Sort(keys)
-	var page backends.ListPage
-	for _, k := range keys {
-		rec := s.records[k].export(k, now)
-		if req.State != 0 && rec.State != req.State {
-			continue
+	return storekit.Page(ctx, req, keys, 0, func(_ context.Context, keys []string) ([]backends.Record, error) {
+		recs := make([]backends.Record, len(keys))
+		for i, k := range keys {
+			recs[i] = s.records[k].export(k, now)
 		}
-		page.Records = append(page.Records, rec)
-		if len(page.Records) == req.Limit {
-			page.Cursor = backends.ListCursor(k)
-			break
-		}
-	}
-	return page, nil
+		return recs, nil
+	})
 }
 
 // Count implements [backends.Lister].
@@ -331,14 +322,14 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 	if err := ctx.Err(); err != nil {
 		return backends.Counts{}, err
 	}
-	prefix := backends.ListRequest{Namespace: namespace}.Prefix()
+	prefix := storekit.ListPrefix(namespace)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	var c backends.Counts
 	for k, r := range s.records {
 		if strings.HasPrefix(k, prefix) && now.Before(r.forgetAt) {
-			c.Add(r.export(k, now).State)
+			storekit.AddCount(&c, r.export(k, now).State)
 		}
 	}
 	return c, nil
@@ -351,35 +342,11 @@ var _ backends.Watcher = (*Store)(nil)
 // as it is registered, and it is woken at once if key holds no live lease
 // in progress then.
 func (s *Store) Watch(_ context.Context, key string) (<-chan struct{}, func(), bool) {
-	w := &watch{changed: make(chan struct{})}
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := s.wakes.Add(key)
 	if r := s.records[key]; r == nil || r.export(key, s.now()).State != backends.StateInProgress {
-		s.mu.Unlock()
-		close(w.changed)
-		return w.changed, func() {}, true
+		w.Wake()
 	}
-	if s.watches[key] == nil {
-		s.watches[key] = map[*watch]struct{}{}
-	}
-	s.watches[key][w] = struct{}{}
-	s.mu.Unlock()
-	stop := func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if ws := s.watches[key]; ws != nil {
-			delete(ws, w)
-			if len(ws) == 0 {
-				delete(s.watches, key)
-			}
-		}
-	}
-	return w.changed, stop, true
-}
-
-// wakeLocked closes and forgets the key's watches. The caller holds s.mu.
-func (s *Store) wakeLocked(key string) {
-	for w := range s.watches[key] {
-		close(w.changed)
-	}
-	delete(s.watches, key)
+	return w.Changed(), w.Stop, true
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 // stateFilter keeps the rows in the state of its two parameters (a
@@ -18,11 +19,11 @@ const stateFilter = `CASE ? WHEN 0 THEN TRUE
 // List implements [backends.Lister]: keyset pagination on the table's
 // primary key, one range scan per page.
 func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.ListPage, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateList(req); err != nil {
 		return backends.ListPage{}, err
 	}
-	after, _ := req.After()
-	lower, upper := req.Range()
+	after, _ := storekit.ParseListCursor(req.Cursor)
+	lower, upper := storekit.ListRange(req.Namespace)
 	rows, err := s.db.QueryContext(ctx, s.sql.list, []byte(after), lower, nullable(upper), nullable(upper), int(req.State), req.Limit)
 	if err != nil {
 		return backends.ListPage{}, opError("list", err)
@@ -40,7 +41,7 @@ func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.Li
 		return backends.ListPage{}, opError("list", err)
 	}
 	if len(page.Records) == req.Limit {
-		page.Cursor = backends.ListCursor(page.Records[len(page.Records)-1].Key)
+		page.Cursor = storekit.ListCursor(page.Records[len(page.Records)-1].Key)
 	}
 	return page, nil
 }
@@ -48,7 +49,7 @@ func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.Li
 // Count implements [backends.Lister] with one aggregate over the
 // namespace's key range.
 func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, error) {
-	lower, upper := backends.ListRequest{Namespace: namespace}.Range()
+	lower, upper := storekit.ListRange(namespace)
 	var c backends.Counts
 	err := s.db.QueryRowContext(ctx, s.sql.count, lower, nullable(upper), nullable(upper)).Scan(&c.InProgress, &c.Expired, &c.Released, &c.Completed)
 	if err != nil {

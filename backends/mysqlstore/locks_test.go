@@ -93,7 +93,7 @@ func TestDeadlockIsRetried(t *testing.T) {
 				return err
 			}))
 			require.Equal(t, backends.Acquired, res.Status)
-			require.True(t, res.Lease.Reentrant)
+			require.True(t, res.Reentrant)
 			require.Equal(t, l.Token, res.Lease.Token)
 		},
 		"renew": func(t *testing.T, s *mysqlstore.Store) {

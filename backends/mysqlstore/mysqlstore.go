@@ -22,8 +22,9 @@ import (
 )
 
 var (
-	_ backends.Store  = (*Store)(nil)
-	_ backends.Lister = (*Store)(nil)
+	_ backends.Store     = (*Store)(nil)
+	_ backends.PoolSizer = (*Store)(nil)
+	_ backends.Lister    = (*Store)(nil)
 )
 
 // Execer is what CompleteTx needs from the caller's transaction: a
@@ -62,15 +63,6 @@ func (f Flavor) String() string {
 	return fmt.Sprintf("Flavor(%d)", int(f))
 }
 
-// Errors returned by [New].
-var (
-	// ErrNilDB: New was given no database.
-	ErrNilDB = errors.New("mysqlstore: nil DB")
-	// ErrInvalidOptions is wrapped by New's errors for options out of
-	// range.
-	ErrInvalidOptions = errors.New("mysqlstore: invalid options")
-)
-
 // Options configures a [Store]. The zero value is ready to use.
 type Options struct {
 	// Table is the records' table, optionally qualified by its database
@@ -99,7 +91,7 @@ type statement struct {
 }
 
 type statements struct {
-	schema, acquireNamed                string
+	schema                              string
 	acquire                             statement
 	acquireReturning, acquireRead       string
 	renew, complete, release, stillHeld string
@@ -143,19 +135,22 @@ func (st statement) args(vals map[string]any) []any {
 	return out
 }
 
-// New returns a store on db. It does not contact the server.
+// New returns a store on db. It does not contact the server. It returns
+// an error wrapping [backends.ErrNilClient] for a nil db, and one
+// wrapping [backends.ErrInvalidOptions] for a table name MySQL refuses or
+// an unknown flavor.
 func New(db *sql.DB, opts Options) (*Store, error) {
 	if db == nil {
-		return nil, ErrNilDB
+		return nil, fmt.Errorf("mysqlstore: %w", backends.ErrNilClient)
 	}
 	if opts.Table == "" {
 		opts.Table = DefaultTable
 	}
 	if !tableRE.MatchString(opts.Table) {
-		return nil, fmt.Errorf("%w: table name %q: [database.]table, each 1 to 64 of A-Z, a-z, 0-9, '_' and '$'", ErrInvalidOptions, opts.Table)
+		return nil, fmt.Errorf("mysqlstore: %w: table name %q: [database.]table, each 1 to 64 of A-Z, a-z, 0-9, '_' and '$'", backends.ErrInvalidOptions, opts.Table)
 	}
 	if opts.Flavor < FlavorDetect || opts.Flavor > FlavorMySQL {
-		return nil, fmt.Errorf("%w: unknown flavor %d", ErrInvalidOptions, int(opts.Flavor))
+		return nil, fmt.Errorf("mysqlstore: %w: unknown flavor %d", backends.ErrInvalidOptions, int(opts.Flavor))
 	}
 	parts := strings.Split(opts.Table, ".")
 	quoted := make([]string, len(parts))
@@ -174,11 +169,9 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 		return b.String()
 	}
 	held := "`key` = ? AND owner = ? AND token = ? AND state = 1 AND forget_us > " + now
-	acquireNamed := render(acquireSQL)
-	acquire := named(acquireNamed)
+	acquire := named(render(acquireSQL))
 	s := &Store{db: db, opts: opts, flavor: opts.Flavor, sql: statements{
 		schema:           render(schemaSQL),
-		acquireNamed:     acquireNamed + "\nRETURNING " + columnsS,
 		acquire:          acquire,
 		acquireReturning: acquire.sql + "\nRETURNING " + columnsS,
 		acquireRead:      "SELECT " + columnsS + " FROM " + table + " WHERE `key` = ?",
@@ -199,24 +192,16 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 	return s, nil
 }
 
+// PoolSize implements [backends.PoolSizer]: the db's limit on open
+// connections (sql.DB.SetMaxOpenConns), as it is when called. It is 0
+// when the db sets none, database/sql's default: the pool then opens a
+// connection for every call, and the middleware falls back to its
+// default bound on acquisitions. Set a limit, and the middleware lets new
+// acquisitions take at most half of it by default.
+func (s *Store) PoolSize() int { return s.db.Stats().MaxOpenConnections }
+
 // Options returns the store's options with defaults applied.
 func (s *Store) Options() Options { return s.opts }
-
-// Statements returns the SQL of Acquire, with named parameters (:key,
-// :owner, :ttl and :ret in microseconds, :fp; the store binds them as ? in
-// order), and of Complete (? for the output, the key, the owner and the
-// token), exactly as the store runs them: for review, EXPLAIN, and
-// running them raw (benchmarks/mysqlbench does).
-//
-// Acquire's SQL is always MariaDB's form, one statement ending in a
-// RETURNING clause, whatever the store's flavor: the flavor may not be
-// detected yet, and MySQL's form is not one statement. On MySQL 8 the
-// store runs the same upsert without its RETURNING clause and then, in the
-// same transaction, a SELECT of the RETURNING columns by key; a raw
-// benchmark there must do the same.
-func (s *Store) Statements() (acquire, complete string) {
-	return s.sql.acquireNamed, s.sql.complete
-}
 
 // Schema returns the SQL that Migrate runs, for an external migration
 // tool.
@@ -285,9 +270,9 @@ func migrateLock(qualified string) string {
 	return "mysqlstore:migrate:" + hex.EncodeToString(sum[:20])
 }
 
-// Flavor returns the dialect the store uses, detecting it if it was not
-// given and has not been yet.
-func (s *Store) Flavor(ctx context.Context) (Flavor, error) {
+// detectFlavor returns the dialect the store uses, detecting it if it was
+// not given and has not been yet.
+func (s *Store) detectFlavor(ctx context.Context) (Flavor, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.flavor != FlavorDetect {
@@ -379,10 +364,10 @@ func us(d time.Duration) int64 { return int64((d + time.Microsecond - 1) / time.
 // ... ON DUPLICATE KEY UPDATE ... RETURNING), the same upsert and a read
 // of the row in one transaction on MySQL.
 func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateAcquire(req); err != nil {
 		return backends.AcquireResult{}, err
 	}
-	flavor, err := s.Flavor(ctx)
+	flavor, err := s.detectFlavor(ctx)
 	if err != nil {
 		return backends.AcquireResult{}, err
 	}
@@ -453,10 +438,8 @@ func (a *acquired) result(req backends.AcquireRequest) (backends.AcquireResult, 
 	switch {
 	case a.how != howRefused && a.state == 1 && string(a.owner) == req.Owner:
 		res.Status = backends.Acquired
-		res.Lease = backends.Lease{
-			Key: req.Key, Owner: req.Owner, Token: a.token, Attempt: int(a.attempt),
-			Takeover: a.how == howTakeover, Reentrant: a.how == howReentrant,
-		}
+		res.Lease = backends.Lease{Key: req.Key, Owner: req.Owner, Token: a.token, Attempt: int(a.attempt), Takeover: a.how == howTakeover}
+		res.Reentrant = a.how == howReentrant
 	case a.state == 3:
 		res.Status = backends.Completed
 		res.CompletedAt = micros(a.completedUs.Int64)
@@ -484,7 +467,7 @@ func nilIfEmpty(b []byte) []byte {
 // matched (unless the DSN sets clientFoundRows), so an update that
 // changed nothing is checked with a read before it counts as lost.
 func (s *Store) held(ctx context.Context, db Execer, op, query string, lease backends.Lease, args ...any) error {
-	if err := lease.Validate(); err != nil {
+	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
 	args = append(args, []byte(lease.Key), []byte(lease.Owner), lease.Token)
@@ -531,7 +514,7 @@ func (s *Store) held(ctx context.Context, db Execer, op, query string, lease bac
 
 // Renew implements [backends.Store].
 func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
-	if err := backends.ValidateLeaseTTL(ttl); err != nil {
+	if err := storekit.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
 	return s.held(ctx, s.db, "renew", s.sql.renew, lease, us(ttl), us(ttl))
@@ -614,7 +597,7 @@ func scanRecord(row scanner) (backends.Record, error) {
 
 // Inspect implements [backends.Store].
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return backends.Record{}, err
 	}
 	rec, err := scanRecord(s.db.QueryRowContext(ctx, s.sql.inspect, []byte(key)))
@@ -630,7 +613,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 // Delete implements [backends.Store]: a record past its retention is
 // deleted too, but reported as not found, as it already counted as absent.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return err
 	}
 	var n int64

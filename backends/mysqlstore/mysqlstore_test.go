@@ -81,7 +81,7 @@ func TestConformance(t *testing.T) {
 	})
 	s, err := mysqlstore.New(db, mysqlstore.Options{})
 	require.NoError(t, err)
-	flavor, err := s.Flavor(context.Background())
+	flavor, err := mysqlstore.DetectFlavor(context.Background(), s)
 	require.NoError(t, err)
 	t.Logf("detected %s", flavor)
 }
@@ -178,9 +178,10 @@ func TestNewValidates(t *testing.T) {
 	require.NoError(t, err)
 	defer db.Close()
 	_, err = mysqlstore.New(nil, mysqlstore.Options{})
-	require.ErrorIs(t, err, mysqlstore.ErrNilDB)
+	require.ErrorIs(t, err, backends.ErrNilClient)
+	require.EqualError(t, err, "mysqlstore: backends: nil client")
 	_, err = mysqlstore.New((*sql.DB)(nil), mysqlstore.Options{})
-	require.ErrorIs(t, err, mysqlstore.ErrNilDB, "a typed nil DB")
+	require.ErrorIs(t, err, backends.ErrNilClient, "a typed nil DB")
 	for name, opts := range map[string]mysqlstore.Options{
 		"quote in table":   {Table: "idem`keys"},
 		"three parts":      {Table: "a.b.c"},
@@ -191,7 +192,7 @@ func TestNewValidates(t *testing.T) {
 		"empty table part": {Table: "db."},
 	} {
 		_, err := mysqlstore.New(db, opts)
-		require.ErrorIs(t, err, mysqlstore.ErrInvalidOptions, name)
+		require.ErrorIs(t, err, backends.ErrInvalidOptions, name)
 	}
 	s, err := mysqlstore.New(db, mysqlstore.Options{Table: "app.idem_keys"})
 	require.NoError(t, err)
@@ -200,4 +201,18 @@ func TestNewValidates(t *testing.T) {
 	// the docs' snippets.
 	require.NotContains(t, s.Schema(), "snippet")
 	require.True(t, strings.HasSuffix(s.Schema(), "ENGINE = InnoDB;\n"), "%q", s.Schema())
+}
+
+// The store reports the db's limit on open connections as it is when
+// asked, and 0 (unknown) when the db sets none.
+func TestPoolSize(t *testing.T) {
+	t.Parallel()
+	db := openDB(t, 6, nil)
+	s, err := mysqlstore.New(db, mysqlstore.Options{})
+	require.NoError(t, err)
+	require.Equal(t, 6, s.PoolSize())
+	db.SetMaxOpenConns(4)
+	require.Equal(t, 4, s.PoolSize(), "the limit as it is now")
+	db.SetMaxOpenConns(0)
+	require.Zero(t, s.PoolSize(), "no limit")
 }

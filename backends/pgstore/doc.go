@@ -1,7 +1,7 @@
 // Package pgstore is a [backends.Store] on Postgres (pgx v5), for services
 // whose idempotency records should live, and commit, with their own data.
 //
-//	store, err := pgstore.New(pool, pgstore.Options{}) // a *pgxpool.Pool, *pgx.Conn or pgx.Tx
+//	store, err := pgstore.New(pool, pgstore.Options{}) // a *pgxpool.Pool
 //	if err != nil {
 //		return err
 //	}
@@ -33,7 +33,7 @@
 //
 // # Waking waiting duplicates
 //
-// On a *pgxpool.Pool the store is a [backends.Watcher]: a duplicate that
+// The store is a [backends.Watcher]: a duplicate that
 // waits for a key another owner holds is woken through LISTEN/NOTIFY when
 // the key is completed, released or deleted, instead of polling. Watch
 // marks the row of the key's lease in progress (the waited column); the
@@ -41,13 +41,12 @@
 // pg_notify in its own statement, delivered when its transaction
 // commits, and clears the mark. A key nobody watches never sends a
 // notification, so the common path takes none of the commit-time lock
-// that NOTIFY takes. The channel is
-// [Store.Channel] ("idempotency_" and 16 hex digits of a hash of the
-// table's name), the payload the hex MD5 of the key. A store listens on
+// that NOTIFY takes. The channel is "idempotency_" and 16 hex digits of
+// a hash of the table's name, the payload the hex MD5 of the key. A store listens on
 // one connection of its own, taken out of its pool on the first Watch;
-// call [Store.Close] when done with the store. A store on a *pgx.Conn or
-// a pgx.Tx, or with Options.NoWatch (needed behind a pooler in
-// transaction mode), cannot watch, and the middleware polls.
+// call [Store.Close] when done with the store. A store with [WakePoll]
+// (needed behind a pooler in transaction mode) does not watch, and the
+// middleware polls.
 //
 // # Retention and cleanup
 //

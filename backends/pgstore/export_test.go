@@ -9,3 +9,7 @@ func SetListenIdle(d time.Duration) (restore func()) {
 	listenIdle = d
 	return func() { listenIdle = old }
 }
+
+// Channel is the channel on which the store's statements notify a key's
+// watchers, and which its listener listens to.
+func Channel(s *Store) string { return s.channel }

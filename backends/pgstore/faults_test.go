@@ -29,13 +29,13 @@ func acquire(t *testing.T, s backends.Store, key, owner string) backends.Acquire
 func TestBackendTerminatedMidAcquire(t *testing.T) {
 	pool := testserver.PostgresPool(t)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testserver.PostgresURL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-
 	onPool := newStore(t, pool, pgstore.Options{})
-	onConn, err := pgstore.New(conn, onPool.Options())
+	// The victim's store has a pool of one connection, whose backend the
+	// test knows.
+	one := smallPool(t, 1)
+	onConn, err := pgstore.New(one, onPool.Options())
 	require.NoError(t, err)
+	pid := onlyBackend(t, one)
 	first := acquire(t, onPool, "k", "first")
 	require.NoError(t, onPool.Release(ctx, first.Lease))
 
@@ -46,7 +46,6 @@ func TestBackendTerminatedMidAcquire(t *testing.T) {
 	_, err = locker.Exec(ctx, `SELECT 1 FROM `+pgx.Identifier{onPool.Options().Schema, onPool.Options().Table}.Sanitize()+` WHERE key = $1 FOR UPDATE`, []byte("k"))
 	require.NoError(t, err)
 
-	pid := conn.PgConn().PID()
 	done := make(chan error, 1)
 	go func() {
 		_, err := onConn.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "victim", LeaseTTL: time.Minute, Retention: time.Hour})
@@ -160,12 +159,15 @@ func TestCleanup(t *testing.T) {
 
 func TestNewValidates(t *testing.T) {
 	_, err := pgstore.New(nil, pgstore.Options{})
-	require.ErrorIs(t, err, pgstore.ErrNilDB)
+	require.ErrorIs(t, err, backends.ErrNilClient)
+	require.EqualError(t, err, "pgstore: backends: nil client")
 	_, err = pgstore.New((*pgxpool.Pool)(nil), pgstore.Options{})
-	require.ErrorIs(t, err, pgstore.ErrNilDB, "a typed nil pool")
+	require.ErrorIs(t, err, backends.ErrNilClient, "a typed nil pool")
 	pool := testserver.PostgresPool(t)
 	_, err = pgstore.New(pool, pgstore.Options{Table: string(make([]byte, 70))})
-	require.ErrorIs(t, err, pgstore.ErrInvalidOptions)
+	require.ErrorIs(t, err, backends.ErrInvalidOptions)
+	_, err = pgstore.New(pool, pgstore.Options{Wake: pgstore.WakePoll + 1})
+	require.ErrorIs(t, err, backends.ErrInvalidOptions, "an unknown Wake")
 	s, err := pgstore.New(pool, pgstore.Options{Schema: `we"ird`, Table: `ta ble`})
 	require.NoError(t, err, "identifiers are quoted, any name works")
 	require.Equal(t, `we"ird`, s.Options().Schema)
@@ -173,7 +175,7 @@ func TestNewValidates(t *testing.T) {
 	// The longest table name leaves room for its index's name: Postgres
 	// would silently cut a longer one at 63 bytes.
 	_, err = pgstore.New(pool, pgstore.Options{Table: strings.Repeat("t", 61)})
-	require.ErrorIs(t, err, pgstore.ErrInvalidOptions)
+	require.ErrorIs(t, err, backends.ErrInvalidOptions)
 	longest := newStore(t, pool, pgstore.Options{Table: strings.Repeat("t", 60)})
 	var index string
 	require.NoError(t, pool.QueryRow(context.Background(),
@@ -181,23 +183,23 @@ func TestNewValidates(t *testing.T) {
 	require.Equal(t, strings.Repeat("t", 60)+"_fa", index)
 }
 
-// The store reports the pool's MaxConns, or 1 for a single connection, so
-// the middleware can keep half of the pool for lease keeping.
+// The store reports the pool's MaxConns, so the middleware can keep half
+// of the pool for lease keeping.
 func TestPoolSize(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig(testserver.PostgresURL(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 6
-	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
-	s, err := pgstore.New(p, pgstore.Options{})
+	s, err := pgstore.New(smallPool(t, 6), pgstore.Options{})
 	require.NoError(t, err)
 	require.Equal(t, 6, s.PoolSize())
+}
 
-	conn, err := pgx.Connect(context.Background(), testserver.PostgresURL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	s, err = pgstore.New(conn, pgstore.Options{})
-	require.NoError(t, err)
-	require.Equal(t, 1, s.PoolSize())
+// onlyBackend returns the backend process of the only connection of a
+// pool of one, opening it if needed.
+func onlyBackend(t *testing.T, p *pgxpool.Pool) uint32 {
+	t.Helper()
+	var pid uint32
+	require.NoError(t, p.AcquireFunc(context.Background(), func(c *pgxpool.Conn) error {
+		pid = c.Conn().PgConn().PID()
+		return nil
+	}))
+	require.EqualValues(t, 1, p.Stat().MaxConns(), "a pool of one")
+	return pid
 }

@@ -2,11 +2,11 @@ package pgstore
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 // stateFilter keeps the rows in the state $4 (a backends.State; 0 for
@@ -19,21 +19,14 @@ const stateFilter = `CASE $4::int
 	ELSE state = 3 END`
 
 // List implements [backends.Lister]: keyset pagination on the table's
-// primary key, one indexed range scan per page. It needs a DB that can
-// run queries (a *pgxpool.Pool, *pgx.Conn or pgx.Tx).
+// primary key, one indexed range scan per page.
 func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.ListPage, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateList(req); err != nil {
 		return backends.ListPage{}, err
 	}
-	q, ok := s.db.(interface {
-		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	})
-	if !ok {
-		return backends.ListPage{}, fmt.Errorf("pgstore: list: %T cannot run queries", s.db)
-	}
-	after, _ := req.After()
-	lower, upper := req.Range()
-	rows, err := q.Query(ctx, s.sql.list, []byte(after), lower, upper, int(req.State), req.Limit)
+	after, _ := storekit.ParseListCursor(req.Cursor)
+	lower, upper := storekit.ListRange(req.Namespace)
+	rows, err := s.pool.Query(ctx, s.sql.list, []byte(after), lower, upper, int(req.State), req.Limit)
 	if err != nil {
 		return backends.ListPage{}, opError("list", err)
 	}
@@ -43,7 +36,7 @@ func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.Li
 	}
 	page := backends.ListPage{Records: recs}
 	if len(recs) == req.Limit {
-		page.Cursor = backends.ListCursor(recs[len(recs)-1].Key)
+		page.Cursor = storekit.ListCursor(recs[len(recs)-1].Key)
 	}
 	return page, nil
 }
@@ -51,9 +44,9 @@ func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.Li
 // Count implements [backends.Lister] with one aggregate over the
 // namespace's key range.
 func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, error) {
-	lower, upper := backends.ListRequest{Namespace: namespace}.Range()
+	lower, upper := storekit.ListRange(namespace)
 	var c backends.Counts
-	err := s.db.QueryRow(ctx, s.sql.count, lower, upper).Scan(&c.InProgress, &c.Expired, &c.Released, &c.Completed)
+	err := s.pool.QueryRow(ctx, s.sql.count, lower, upper).Scan(&c.InProgress, &c.Expired, &c.Released, &c.Completed)
 	if err != nil {
 		return backends.Counts{}, opError("count", err)
 	}

@@ -24,12 +24,10 @@ var (
 	_ backends.Lister    = (*Store)(nil)
 )
 
-// DB is what the store needs from Postgres. A *pgxpool.Pool, a *pgx.Conn
-// and a pgx.Tx all satisfy it.
-type DB interface {
+// execer runs a statement: the store's pool, or the caller's transaction
+// in CompleteTx.
+type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 // indexSuffix names the table's forget_at index after the table.
@@ -39,12 +37,6 @@ const indexSuffix = "_fa"
 const (
 	DefaultSchema = "public"
 	DefaultTable  = "idempotency_keys"
-)
-
-// Errors returned by [New].
-var (
-	ErrNilDB          = errors.New("pgstore: nil DB")
-	ErrInvalidOptions = errors.New("pgstore: invalid options")
 )
 
 // Options configures a [Store]. The zero value is ready to use.
@@ -61,18 +53,31 @@ type Options struct {
 	// persistence; never with CompleteTx for exactly-once effects.
 	// It has no effect on a table that already exists. Defaults to false.
 	Unlogged bool
-	// NoWatch makes Watch report not ok, so that waiting duplicates poll
-	// the store instead of listening for its notifications. Set it when
-	// the pool reaches Postgres through a pooler in transaction mode
-	// (pgbouncer's pool_mode = transaction), where LISTEN does not work.
-	NoWatch bool
+	// Wake says how duplicates waiting for a key learn that it changed.
+	// Defaults to WakeNotify.
+	Wake Wake
 }
 
+// Wake says how the duplicates that wait for a key another owner holds
+// learn that it was completed, released or deleted.
+type Wake int
+
+const (
+	// WakeNotify wakes them through LISTEN/NOTIFY ([Store.Watch]), the
+	// middleware polling slowly as a safety net. The default.
+	WakeNotify Wake = iota
+	// WakePoll makes Watch report not ok, so that waiting duplicates poll
+	// the store. Set it when the pool reaches Postgres through a pooler
+	// in transaction mode (pgbouncer's pool_mode = transaction), where
+	// LISTEN does not work.
+	WakePoll
+)
+
 // Store is a [backends.Store] on Postgres. Create it with [New] and call
-// [Store.Migrate] once before use. It is also a [backends.Watcher] on a
-// *pgxpool.Pool; call [Store.Close] when done with a store that watched.
+// [Store.Migrate] once before use. It is also a [backends.Watcher]; call
+// [Store.Close] when done with a store that watched.
 type Store struct {
-	db       DB
+	pool     *pgxpool.Pool
 	opts     Options
 	sql      statements
 	poolSize int
@@ -101,10 +106,15 @@ const (
 // inProgress holds for a row whose lease is live.
 const inProgress = `state = 1 AND lease_expires_at > now() AND forget_at > now()`
 
-// New returns a store on db. It does not contact the server.
-func New(db DB, opts Options) (*Store, error) {
-	if storekit.IsNil(db) {
-		return nil, ErrNilDB
+// New returns a store on pool, which it shares with the application: it
+// takes a connection for each call, and one for good for its listener
+// (see [Store.Watch]). It does not contact the server. It returns an
+// error wrapping [backends.ErrNilClient] for a nil pool, and one wrapping
+// [backends.ErrInvalidOptions] for a schema or table name too long for
+// Postgres, or an unknown Wake.
+func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("pgstore: %w", backends.ErrNilClient)
 	}
 	if opts.Schema == "" {
 		opts.Schema = DefaultSchema
@@ -112,8 +122,11 @@ func New(db DB, opts Options) (*Store, error) {
 	if opts.Table == "" {
 		opts.Table = DefaultTable
 	}
+	if opts.Wake != WakeNotify && opts.Wake != WakePoll {
+		return nil, fmt.Errorf("pgstore: %w: unknown Wake %d", backends.ErrInvalidOptions, int(opts.Wake))
+	}
 	if len(opts.Schema) > 63 || len(opts.Table) > 63-len(indexSuffix) {
-		return nil, fmt.Errorf("%w: schema or table name too long for Postgres (63 bytes; the table's index adds %d to the table's)", ErrInvalidOptions, len(indexSuffix))
+		return nil, fmt.Errorf("pgstore: %w: schema or table name too long for Postgres (63 bytes; the table's index adds %d to the table's)", backends.ErrInvalidOptions, len(indexSuffix))
 	}
 	table := pgx.Identifier{opts.Schema, opts.Table}.Sanitize()
 	vars := map[string]string{
@@ -140,7 +153,7 @@ func New(db DB, opts Options) (*Store, error) {
 	channel := channelName(table)
 	clearWaited := `waited = CASE WHEN waited THEN ` + notifySQL(channel, false) + ` ELSE false END`
 	notified := `CASE WHEN waited THEN ` + notifySQL(channel, true) + ` END AS notified`
-	s := &Store{db: db, opts: opts, poolSize: poolSize(db), channel: channel, sql: statements{
+	s := &Store{pool: pool, opts: opts, poolSize: int(pool.Config().MaxConns), channel: channel, sql: statements{
 		schema: render(schemaSQL),
 		// Whether the table, its last added column and its index exist:
 		// then Migrate has nothing to do and takes no lock.
@@ -173,34 +186,15 @@ func New(db DB, opts Options) (*Store, error) {
 		watch: `WITH u AS (UPDATE ` + table + ` SET waited = true WHERE key = $1 AND NOT waited AND ` + inProgress + ` RETURNING true)
 			SELECT EXISTS (SELECT FROM u), (SELECT waited FROM ` + table + ` WHERE key = $1 AND ` + inProgress + `)`,
 	}}
-	if pool, ok := db.(*pgxpool.Pool); ok && !opts.NoWatch {
+	if opts.Wake == WakeNotify {
 		s.listener = newListener(pool, channel)
 	}
 	return s, nil
 }
 
-// poolSize is MaxConns of a pool, 1 for a connection or a transaction
-// (which serve one call at a time), or 0 if unknown.
-func poolSize(db DB) int {
-	switch db := db.(type) {
-	case interface{ Config() *pgxpool.Config }:
-		return int(db.Config().MaxConns)
-	case *pgx.Conn, pgx.Tx:
-		return 1
-	}
-	return 0
-}
-
-// PoolSize implements [backends.PoolSizer]: the MaxConns of a
-// *pgxpool.Pool, 1 for a *pgx.Conn or a pgx.Tx, 0 for another [DB]. The
+// PoolSize implements [backends.PoolSizer]: the pool's MaxConns. The
 // middleware lets new acquisitions take at most half of it by default.
 func (s *Store) PoolSize() int { return s.poolSize }
-
-// Statements returns the SQL of Acquire ($1 key, $2 owner, $3 lease TTL in
-// µs, $4 retention in µs, $5 fingerprint) and of Complete ($1 key, $2
-// owner, $3 token, $4 output), exactly as the store runs them: for review,
-// EXPLAIN, and running them under pgbench (benchmarks/pgbench does).
-func (s *Store) Statements() (acquire, complete string) { return s.sql.acquire, s.sql.complete }
 
 // Schema returns the SQL that Migrate runs: the schema, the table and its
 // index, each created if it does not exist, and the waited column added
@@ -226,13 +220,13 @@ func (s *Store) Migrate(ctx context.Context) error {
 	// deploy that migrates at start-up must not queue behind, and block,
 	// the traffic of the instances already running.
 	var current bool
-	if err := s.db.QueryRow(ctx, s.sql.current).Scan(&current); err != nil {
+	if err := s.pool.QueryRow(ctx, s.sql.current).Scan(&current); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	if current {
 		return nil
 	}
-	tx, err := s.db.Begin(ctx)
+	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
@@ -283,7 +277,7 @@ func us(d time.Duration) int64 { return int64((d + time.Microsecond - 1) / time.
 
 // Acquire implements [backends.Store].
 func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateAcquire(req); err != nil {
 		return backends.AcquireResult{}, err
 	}
 	var (
@@ -299,7 +293,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	if req.Fingerprint != nil {
 		fingerprintArgs = req.Fingerprint
 	}
-	err := s.db.QueryRow(ctx, s.sql.acquire, []byte(req.Key), req.Owner, us(req.LeaseTTL), us(req.Retention), fingerprintArgs).
+	err := s.pool.QueryRow(ctx, s.sql.acquire, []byte(req.Key), req.Owner, us(req.LeaseTTL), us(req.Retention), fingerprintArgs).
 		Scan(&state, &owner, &token, &attempt, &how, &leaseExp, &completedAt, &fp, &output, &now)
 	if err != nil {
 		return backends.AcquireResult{}, opError("acquire", err)
@@ -314,10 +308,8 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 		res.Output = nilIfEmpty(output)
 	case state == 1 && owner == req.Owner:
 		res.Status = backends.Acquired
-		res.Lease = backends.Lease{
-			Key: req.Key, Owner: owner, Token: token, Attempt: int(attempt),
-			Takeover: how == 1, Reentrant: how == 2,
-		}
+		res.Lease = backends.Lease{Key: req.Key, Owner: owner, Token: token, Attempt: int(attempt), Takeover: how == 1}
+		res.Reentrant = how == 2
 	case state == 1:
 		res.Status = backends.InProgress
 		res.Remaining = leaseExp.Sub(now)
@@ -334,10 +326,10 @@ func nilIfEmpty(b []byte) []byte {
 	return b
 }
 
-// held runs on db (the store's own, or the caller's transaction) an
+// held runs on db (the store's pool, or the caller's transaction) an
 // UPDATE that matches only the lease's own live record.
-func (s *Store) held(ctx context.Context, db DB, op, sql string, lease backends.Lease, args ...any) error {
-	if err := lease.Validate(); err != nil {
+func (s *Store) held(ctx context.Context, db execer, op, sql string, lease backends.Lease, args ...any) error {
+	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
 	tag, err := db.Exec(ctx, sql, append([]any{[]byte(lease.Key), lease.Owner, lease.Token}, args...)...)
@@ -352,46 +344,48 @@ func (s *Store) held(ctx context.Context, db DB, op, sql string, lease backends.
 
 // Renew implements [backends.Store].
 func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
-	if err := backends.ValidateLeaseTTL(ttl); err != nil {
+	if err := storekit.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
-	return s.held(ctx, s.db, "renew", s.sql.renew, lease, us(ttl))
+	return s.held(ctx, s.pool, "renew", s.sql.renew, lease, us(ttl))
 }
 
 // Complete implements [backends.Store].
 func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
-	return s.complete(ctx, s.db, lease, output)
+	return s.complete(ctx, s.pool, lease, output)
 }
 
 // CompleteTx completes the lease inside tx, the transaction in which the
 // handler wrote its own rows, with the messages the handler will return:
 // if tx commits, the work, its completion and its output are recorded
-// together; if it rolls back, none is, and the key is retried. tx may be
-// any [DB], a pgx.Tx most usefully; take the lease from the handler's
-// context (LeaseFromContext in the middleware package). The middleware notices that the
-// handler completed the key and does not complete it again; a duplicate
+// together; if it rolls back, none is, and the key is retried. tx is the
+// application's own transaction, begun on any pool or connection to the
+// store's database. Take the lease from the handler's context
+// (LeaseFromContext in the middleware package). The middleware notices
+// that the handler completed the key and does not complete it again; a
+// duplicate
 // gets output replayed, so pass exactly what the handler returns. The
 // notification to the key's watchers, if any (see [Store.Watch]), is
 // delivered when tx commits, and never if it rolls back.
-func (s *Store) CompleteTx(ctx context.Context, tx DB, lease backends.Lease, output []*message.Message) error {
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, lease backends.Lease, output []*message.Message) error {
 	return s.complete(ctx, tx, lease, backends.EncodeOutput(output))
 }
 
-func (s *Store) complete(ctx context.Context, db DB, lease backends.Lease, output []byte) error {
+func (s *Store) complete(ctx context.Context, db execer, lease backends.Lease, output []byte) error {
 	return s.held(ctx, db, "complete", s.sql.complete, lease, output)
 }
 
 // Release implements [backends.Store].
 func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
-	return s.held(ctx, s.db, "release", s.sql.release, lease)
+	return s.held(ctx, s.pool, "release", s.sql.release, lease)
 }
 
 // Inspect implements [backends.Store].
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return backends.Record{}, err
 	}
-	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.inspect, []byte(key)))
+	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.inspect, []byte(key)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return backends.Record{}, backends.ErrNotFound
 	}
@@ -440,11 +434,11 @@ func scanRecord(row pgx.Row) (backends.Record, error) {
 
 // Delete implements [backends.Store].
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return err
 	}
 	var n int64
-	if err := s.db.QueryRow(ctx, s.sql.delete, []byte(key)).Scan(&n, nil); err != nil {
+	if err := s.pool.QueryRow(ctx, s.sql.delete, []byte(key)).Scan(&n, nil); err != nil {
 		return opError("delete", err)
 	}
 	if n == 0 {
@@ -464,7 +458,7 @@ func (s *Store) Cleanup(ctx context.Context, batch int) (int64, error) {
 		return 0, fmt.Errorf("%w: batch must be positive, got %d", backends.ErrInvalidRequest, batch)
 	}
 	var n int64
-	if err := s.db.QueryRow(ctx, s.sql.cleanup, batch).Scan(&n, nil); err != nil {
+	if err := s.pool.QueryRow(ctx, s.sql.cleanup, batch).Scan(&n, nil); err != nil {
 		return 0, opError("cleanup", err)
 	}
 	return n, nil

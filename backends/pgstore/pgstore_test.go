@@ -22,13 +22,6 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// A pool, a connection and a transaction all fit the store.
-var (
-	_ pgstore.DB = (*pgxpool.Pool)(nil)
-	_ pgstore.DB = (*pgx.Conn)(nil)
-	_ pgstore.DB = (pgx.Tx)(nil)
-)
-
 var schemaSeq atomic.Int64
 
 // newStore returns a migrated store in a schema of its own, dropped when

@@ -14,8 +14,8 @@ import (
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 )
 
-// pool connects to the test database with at most maxConns connections.
-func pool(t testing.TB, maxConns int) *pgxpool.Pool {
+// smallPool connects to the test database with at most maxConns connections.
+func smallPool(t testing.TB, maxConns int) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(testserver.PostgresURL(t))
 	require.NoError(t, err)
@@ -36,7 +36,7 @@ func TestStormPostgres(t *testing.T) {
 	storetest.Storm{
 		Instances: 8, Keys: 2000, Copies: 3,
 		Store: func(t testing.TB, _ int) backends.Store {
-			s, err := pgstore.New(pool(t, 8), opts)
+			s, err := pgstore.New(smallPool(t, 8), opts)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = s.Close() })
 			return s
@@ -77,13 +77,13 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 	storetest.TxStorm{
 		Table: table,
 		Store: func(t testing.TB, _ int) backends.Store {
-			s, err := pgstore.New(pool(t, 4), opts)
+			s, err := pgstore.New(smallPool(t, 4), opts)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = s.Close() })
 			return s
 		},
 		Begin: func(t testing.TB, _ int) func(context.Context, backends.Lease) (func() error, func(), error) {
-			business := pool(t, 4)
+			business := smallPool(t, 4)
 			store, err := pgstore.New(business, opts)
 			require.NoError(t, err)
 			return func(ctx context.Context, lease backends.Lease) (func() error, func(), error) {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 var _ backends.Watcher = (*Store)(nil)
@@ -62,33 +63,27 @@ func notifySQL(channel string, then bool) string {
 	return `pg_notify('` + channel + `', md5(key)) ` + test
 }
 
-// Channel returns the channel on which the store's Complete, Release
-// (CompleteTx too, at commit) and Delete notify a key's watchers, and
-// Cleanup those of a key it deletes, and which Watch listens to:
-// "idempotency_" and 16 hex digits of the SHA-256 of the quoted,
-// schema-qualified table name, the same for every store on the table. The
-// payload is the hex MD5 of the key. Only a key that a watch marked
-// (its row's waited column) is notified, once per mark.
-func (s *Store) Channel() string { return s.channel }
-
 // Watch implements [backends.Watcher] with LISTEN/NOTIFY. It marks the
 // row of the key's lease in progress as waited for (the waited column)
 // and returns once that is committed and the store's listener is
-// listening on [Store.Channel]: the row's next completion, release or
+// listening on the table's channel: the row's next completion, release or
 // deletion then notifies the channel in the same statement, delivered
 // when that statement's transaction commits (a CompleteTx that rolls back
-// notifies nothing), and clears the mark. A key nobody watches is never
-// notified, so callers that find no duplicates pay for no NOTIFY. A key
+// notifies nothing), and clears the mark. The channel is "idempotency_"
+// and 16 hex digits of the SHA-256 of the quoted, schema-qualified table
+// name, the same for every store on the table; the payload is the hex MD5
+// of the key. Cleanup notifies too, for a marked record it deletes. A key
+// nobody watches is never notified, so callers that find no duplicates
+// pay for no NOTIFY. A key
 // without a lease in progress (absent, completed, released, or its lease
 // run out) has nothing to wait for: changed is closed at once, and the
 // caller asks the store again.
 //
-// Each store listens on one connection of its own, taken from its
-// *pgxpool.Pool on the first Watch and then owned by the store
-// (pgxpool's Hijack: it leaves the pool, which may open another in its
-// place); call [Store.Close] to end it. A store on a *pgx.Conn or a
-// pgx.Tx, or with [Options.NoWatch], cannot watch: Watch reports not ok
-// and the middleware polls.
+// Each store listens on one connection of its own, taken from its pool
+// on the first Watch and then owned by the store (pgxpool's Hijack: it
+// leaves the pool, which may open another in its place); call
+// [Store.Close] to end it. A store with [WakePoll] does not watch: Watch
+// reports not ok and the middleware polls.
 //
 // The first Watch waits, within ctx, for the listener to connect. A lost
 // listener connection (a restart, a failover, pg_terminate_backend) or
@@ -107,13 +102,13 @@ func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(),
 	}
 	marked, err := s.mark(ctx, key)
 	if err != nil {
-		l.drop(id, w, false)
+		w.Stop()
 		return nil, func() {}, false
 	}
 	if !marked {
-		l.drop(id, w, true) // the caller looks at the store again
+		w.Wake() // the caller looks at the store again
 	}
-	return w.changed, func() { l.drop(id, w, false) }, true
+	return w.Changed(), w.Stop, true
 }
 
 // mark sets the waited mark on the row of key's lease in progress, unless
@@ -128,7 +123,7 @@ func (s *Store) mark(ctx context.Context, key string) (bool, error) {
 			set    bool
 			before *bool
 		)
-		if err := s.db.QueryRow(ctx, s.sql.watch, []byte(key)).Scan(&set, &before); err != nil {
+		if err := s.pool.QueryRow(ctx, s.sql.watch, []byte(key)).Scan(&set, &before); err != nil {
 			return false, opError("watch", err)
 		}
 		switch {
@@ -149,7 +144,7 @@ func (s *Store) mark(ctx context.Context, key string) (bool, error) {
 // may have watched (the middleware watches whenever a duplicate waits):
 // until then the listener's goroutine and connection stay. It is
 // idempotent, and does nothing else on a store that never watched. It
-// does not close the DB.
+// does not close the pool.
 func (s *Store) Close() error {
 	if s.listener != nil {
 		s.listener.close()
@@ -163,12 +158,15 @@ type listener struct {
 	channel string
 	idle    time.Duration
 
-	mu      sync.Mutex
-	state   listenState
-	ready   chan struct{} // closed when the first connection attempt ends
-	watches map[string]map[*watch]struct{}
-	cancel  context.CancelFunc // ends the goroutine; nil until started
-	done    chan struct{}      // closed when the goroutine has ended
+	mu     sync.Mutex
+	state  listenState
+	ready  chan struct{}      // closed when the first connection attempt ends
+	cancel context.CancelFunc // ends the goroutine; nil until started
+	done   chan struct{}      // closed when the goroutine has ended
+	// wakes are the watches, by the key's payload. A watch is added, and
+	// every watch woken on a loss, under mu, so that no watch is added
+	// after the loss that woke the others.
+	wakes storekit.Wakes
 }
 
 type listenState int
@@ -181,18 +179,14 @@ const (
 	closed
 )
 
-// watch is one caller's watch on a key. changed is closed at most once,
-// only by the call that takes the watch out of its listener's map.
-type watch struct{ changed chan struct{} }
-
 func newListener(pool *pgxpool.Pool, channel string) *listener {
-	return &listener{pool: pool, channel: channel, idle: listenIdle, watches: map[string]map[*watch]struct{}{}}
+	return &listener{pool: pool, channel: channel, idle: listenIdle}
 }
 
 // add registers a watch of the key with payload id while the listener
 // listens, starting it if needed and waiting, within ctx, for its first
 // connection attempt.
-func (l *listener) add(ctx context.Context, id string) (*watch, bool) {
+func (l *listener) add(ctx context.Context, id string) (*storekit.Watch, bool) {
 	l.mu.Lock()
 	if l.state == notStarted {
 		var run context.Context
@@ -214,51 +208,11 @@ func (l *listener) add(ctx context.Context, id string) (*watch, bool) {
 	if l.state != listening {
 		return nil, false
 	}
-	w := &watch{changed: make(chan struct{})}
-	if l.watches[id] == nil {
-		l.watches[id] = map[*watch]struct{}{}
-	}
-	l.watches[id][w] = struct{}{}
-	return w, true
+	return l.wakes.Add(id), true
 }
 
-// drop forgets the watch w of id, if it is still registered, and closes
-// its changed if wake.
-func (l *listener) drop(id string, w *watch, wake bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	ws := l.watches[id]
-	if _, ok := ws[w]; !ok {
-		return
-	}
-	if wake {
-		close(w.changed)
-	}
-	delete(ws, w)
-	if len(ws) == 0 {
-		delete(l.watches, id)
-	}
-}
-
-// wake closes and forgets every watch of id.
-func (l *listener) wake(id string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for w := range l.watches[id] {
-		close(w.changed)
-	}
-	delete(l.watches, id)
-}
-
-// wakeAllLocked closes and forgets every watch. The caller holds l.mu.
-func (l *listener) wakeAllLocked() {
-	for _, ws := range l.watches {
-		for w := range ws {
-			close(w.changed)
-		}
-	}
-	clear(l.watches)
-}
+// wake wakes every watch of id.
+func (l *listener) wake(id string) { l.wakes.Wake(id) }
 
 // setState moves to state, unless the listener is closed; leaving
 // starting ends the first attempt's wait.
@@ -280,7 +234,7 @@ func (l *listener) setState(state listenState) bool {
 func (l *listener) lose() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.wakeAllLocked()
+	l.wakes.WakeAll()
 	if l.state == closed {
 		return
 	}
@@ -296,7 +250,7 @@ func (l *listener) close() {
 		close(l.ready)
 	}
 	l.state = closed
-	l.wakeAllLocked()
+	l.wakes.WakeAll()
 	cancel, done := l.cancel, l.done
 	l.mu.Unlock()
 	if cancel != nil {

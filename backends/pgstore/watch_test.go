@@ -72,7 +72,7 @@ func listen(t *testing.T, s *pgstore.Store) *pgx.Conn {
 	conn, err := pgx.Connect(context.Background(), testserver.PostgresURL(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	_, err = conn.Exec(context.Background(), `LISTEN `+pgx.Identifier{s.Channel()}.Sanitize())
+	_, err = conn.Exec(context.Background(), `LISTEN `+pgx.Identifier{pgstore.Channel(s)}.Sanitize())
 	require.NoError(t, err)
 	return conn
 }
@@ -126,7 +126,7 @@ func listenerPID(t *testing.T, pool *pgxpool.Pool, s *pgstore.Store, old ...int)
 	t.Helper()
 	var pid int
 	require.Eventually(t, func() bool {
-		listen := `LISTEN ` + pgx.Identifier{s.Channel()}.Sanitize()
+		listen := `LISTEN ` + pgx.Identifier{pgstore.Channel(s)}.Sanitize()
 		return pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity WHERE query IN ($1, $2) AND pid <> ALL($3::int[])`,
 			listen, "-- "+listen, append([]int{}, old...)).Scan(&pid) == nil
 	}, wakeWait, 10*time.Millisecond, "the listener's backend")
@@ -204,7 +204,7 @@ func TestNotifyOnlyForWatchedKeys(t *testing.T) {
 	n, err := conn.WaitForNotification(wait)
 	require.NoError(t, err)
 	sum := md5.Sum([]byte("watched")) //nolint:gosec // the store's payload
-	require.Equal(t, s.Channel(), n.Channel)
+	require.Equal(t, pgstore.Channel(s), n.Channel)
 	require.Equal(t, hex.EncodeToString(sum[:]), n.Payload)
 	requireWoken(t, changed)
 	requireSilent("one notification per mark")
@@ -222,11 +222,13 @@ func TestNotifyReadsMarkCommittedWhileCompletionWaited(t *testing.T) {
 	// the row's lock while the completion starts and waits for it.
 	_, err := pool.Exec(ctx, `UPDATE `+table(s)+` SET waited = false WHERE key = $1`, []byte("k"))
 	require.NoError(t, err)
-	conn, err := pgx.Connect(ctx, testserver.PostgresURL(t))
+	// The completion runs on a pool of one connection, whose backend the
+	// test knows.
+	one := smallPool(t, 1)
+	onConn, err := pgstore.New(one, s.Options())
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	onConn, err := pgstore.New(conn, s.Options())
-	require.NoError(t, err)
+	t.Cleanup(func() { _ = onConn.Close() })
+	pid := onlyBackend(t, one)
 	marker, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer marker.Rollback(ctx) //nolint:errcheck
@@ -235,7 +237,6 @@ func TestNotifyReadsMarkCommittedWhileCompletionWaited(t *testing.T) {
 
 	completed := make(chan error, 1)
 	go func() { completed <- onConn.Complete(ctx, lease, nil) }()
-	pid := conn.PgConn().PID()
 	require.Eventually(t, func() bool {
 		var waiting bool
 		err := pool.QueryRow(ctx, `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
@@ -353,7 +354,7 @@ func TestCloseEndsWatches(t *testing.T) {
 	require.NoError(t, s.Close(), "Close is idempotent")
 	require.Eventually(t, func() bool {
 		var n int
-		listen := `LISTEN ` + pgx.Identifier{s.Channel()}.Sanitize()
+		listen := `LISTEN ` + pgx.Identifier{pgstore.Channel(s)}.Sanitize()
 		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE query IN ($1, $2)`,
 			listen, "-- "+listen).Scan(&n)
 		return err == nil && n == 0
@@ -364,35 +365,21 @@ func TestCloseEndsWatches(t *testing.T) {
 	require.NoError(t, never.Close())
 }
 
-// Watch reports not ok, at once, where the store cannot listen: on a
-// single connection, in a transaction, and with Options.NoWatch.
-func TestWatchNotOKWithoutPool(t *testing.T) {
+// Watch reports not ok, at once, with WakePoll, and marks nothing.
+func TestWatchNotOKWithWakePoll(t *testing.T) {
 	pool := testserver.PostgresPool(t)
 	base := newStore(t, pool, pgstore.Options{})
 	acquire(t, base, "k", "holder")
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testserver.PostgresURL(t))
+	opts := base.Options()
+	opts.Wake = pgstore.WakePoll
+	s, err := pgstore.New(pool, opts)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
-	noWatch := base.Options()
-	noWatch.NoWatch = true
-	for name, db := range map[string]pgstore.DB{"conn": conn, "tx": tx, "NoWatch": pool} {
-		opts := base.Options()
-		if name == "NoWatch" {
-			opts = noWatch
-		}
-		s, err := pgstore.New(db, opts)
-		require.NoError(t, err)
-		changed, stop, ok := s.Watch(ctx, "k")
-		require.False(t, ok, name)
-		require.Nil(t, changed, name)
-		stop()
-		require.NoError(t, s.Close(), name)
-	}
-	require.False(t, waited(t, pool, base, "k"), "a store that cannot watch marks nothing")
+	changed, stop, ok := s.Watch(context.Background(), "k")
+	require.False(t, ok)
+	require.Nil(t, changed)
+	stop()
+	require.NoError(t, s.Close())
+	require.False(t, waited(t, pool, base, "k"), "a store that does not watch marks nothing")
 }
 
 // A watch of a key without a lease in progress is woken at once, and
@@ -445,7 +432,7 @@ func TestWatchListenerPingsSilentConnection(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var query string
 		err := pool.QueryRow(context.Background(), `SELECT query FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&query)
-		return err == nil && query == "-- LISTEN "+pgx.Identifier{s.Channel()}.Sanitize()
+		return err == nil && query == "-- LISTEN "+pgx.Identifier{pgstore.Channel(s)}.Sanitize()
 	}, wakeWait, 5*time.Millisecond, "the listener pinged its connection")
 	require.NoError(t, s.Complete(context.Background(), lease, nil))
 	requireWoken(t, changed, "the pinged connection still delivers")

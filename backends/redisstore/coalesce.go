@@ -26,9 +26,9 @@ const (
 // commit); no call ever waits for a timer. A Cluster gets one lane per
 // master, so a slow node holds back only the calls for its own keys.
 type coalescer struct {
-	client redis.Scripter
-	// pipeline returns a new pipeline on client; nil when the client has
-	// none or coalescing is off: then every call is its own round trip.
+	client redis.UniversalClient
+	// pipeline returns a new pipeline on client; nil when coalescing is
+	// off: then every call is its own round trip.
 	pipeline func() redis.Pipeliner
 	// cluster, when set, chooses a key's lane by its master.
 	cluster *redis.ClusterClient
@@ -59,16 +59,15 @@ type call struct {
 	taken  bool          // in a batch; guarded by the lane's mu
 }
 
-func newCoalescer(client redis.Scripter, off bool, poolSize int) *coalescer {
+func newCoalescer(client redis.UniversalClient, off bool, poolSize int) *coalescer {
 	c := &coalescer{client: client, slots: laneSlots}
 	if poolSize > 0 && poolSize < c.slots {
 		c.slots = poolSize
 	}
-	p, ok := client.(interface{ Pipeline() redis.Pipeliner })
-	if !ok || off {
+	if off {
 		return c
 	}
-	c.pipeline = p.Pipeline
+	c.pipeline = client.Pipeline
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		c.cluster = cc
 		c.lanes = map[string]*lane{}

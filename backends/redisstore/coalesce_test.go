@@ -22,14 +22,14 @@ import (
 const wait = time.Minute // generous: these machines are small and shared
 
 // The full suite with every call sent on its own.
-func TestConformanceNoCoalesce(t *testing.T) {
+func TestConformanceCoalesceOff(t *testing.T) {
 	client := testserver.RedisClient(t)
 	storetest.Run(t, func(t *testing.T) storetest.Fixture {
-		return storetest.Fixture{Store: storeWith(t, client, redisstore.Options{NoCoalesce: true})}
+		return storetest.Fixture{Store: storeWith(t, client, redisstore.Options{Coalescing: redisstore.CoalesceOff})}
 	})
 }
 
-func storeWith(t *testing.T, client redis.Scripter, opts redisstore.Options) *redisstore.Store {
+func storeWith(t *testing.T, client redis.UniversalClient, opts redisstore.Options) *redisstore.Store {
 	t.Helper()
 	if opts.Prefix == "" {
 		opts.Prefix = testserver.Unique("coalesce-test:")
@@ -154,6 +154,7 @@ func hammer(t *testing.T, s backends.Store, rounds int) {
 					}
 					switch res.Status {
 					case backends.Acquired:
+						assert.False(t, res.Reentrant, "%+v", res)
 						mu.Lock()
 						wins[k] = append(wins[k], res.Lease)
 						mu.Unlock()
@@ -183,7 +184,7 @@ func hammer(t *testing.T, s backends.Store, rounds int) {
 			require.Len(t, won, 1, "shared key %d, round %d: acquired exactly once", k, round)
 			l := won[0]
 			require.EqualValues(t, round+1, l.Token, "shared key %d: one token up per round", k)
-			require.False(t, l.Takeover || l.Reentrant, "%+v", l)
+			require.False(t, l.Takeover, "%+v", l)
 			wg.Go(func() { assert.NoError(t, s.Release(ctx, l)) })
 		}
 		wg.Wait()
@@ -195,12 +196,12 @@ func hammer(t *testing.T, s backends.Store, rounds int) {
 // coalesced as without, and coalesced calls did go out together.
 func TestCoalescedHammer(t *testing.T) {
 	addr := testserver.RedisClient(t).Options().Addr
-	for _, off := range []bool{false, true} {
-		t.Run(fmt.Sprintf("NoCoalesce=%v", off), func(t *testing.T) {
+	for _, mode := range []redisstore.Coalescing{redisstore.CoalesceConcurrent, redisstore.CoalesceOff} {
+		t.Run(fmt.Sprintf("Coalescing=%d", mode), func(t *testing.T) {
 			h := newPipes()
 			client := clientWithHook(t, addr, h, func(o *redis.Options) { o.PoolSize = 64 })
-			hammer(t, storeWith(t, client, redisstore.Options{NoCoalesce: off}), 10)
-			if off {
+			hammer(t, storeWith(t, client, redisstore.Options{Coalescing: mode}), 10)
+			if mode == redisstore.CoalesceOff {
 				require.Zero(t, h.batched.Load(), "no pipelines")
 				return
 			}

@@ -22,7 +22,7 @@
 // is sent at once, on its own; calls that arrive while all are busy are
 // sent together, in one pipeline, as soon as one ends. Each call keeps its own context and its
 // own error: a queued call whose context ends returns at once and is never
-// sent. [Options.NoCoalesce] sends every call on its own.
+// sent. [CoalesceOff] sends every call on its own.
 //
 // # Waking waiting duplicates
 //

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 // stateScript returns {s, le, now (ms)} for KEYS[1]: what Count needs,
@@ -29,59 +30,26 @@ const scanBatch = 1000
 // every page scans the whole keyspace (every master of a Cluster) for the
 // namespace's keys and sorts those after the cursor: a page costs a SCAN
 // of every key on the server, plus one pipelined look at the records it
-// returns. It is meant for operators, not for a hot path. It needs a
-// *redis.Client, *redis.ClusterClient or *redis.Ring.
+// returns. It is meant for operators, not for a hot path.
 func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.ListPage, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateList(req); err != nil {
 		return backends.ListPage{}, err
 	}
-	after, _ := req.After()
-	keys, err := s.scan(ctx, req.Prefix())
+	keys, err := s.scan(ctx, storekit.ListPrefix(req.Namespace))
 	if err != nil {
 		return backends.ListPage{}, err
 	}
-	keys = sortedAfter(keys, after)
-	var page backends.ListPage
-	for len(keys) > 0 && len(page.Records) < req.Limit {
-		batch := keys[:min(len(keys), max(req.Limit-len(page.Records), 16))]
-		keys = keys[len(batch):]
-		recs, err := s.inspectMany(ctx, batch)
-		if err != nil {
-			return backends.ListPage{}, err
-		}
-		for _, rec := range recs {
-			if req.State != 0 && rec.State != req.State {
-				continue
-			}
-			page.Records = append(page.Records, rec)
-			if len(page.Records) == req.Limit {
-				page.Cursor = backends.ListCursor(rec.Key)
-				break
-			}
-		}
-	}
-	return page, nil
-}
-
-// sortedAfter sorts keys, drops duplicates (SCAN may return a key twice)
-// and returns those after after.
-func sortedAfter(keys []string, after string) []string {
-	slices.Sort(keys)
-	keys = slices.Compact(keys)
-	i, found := slices.BinarySearch(keys, after)
-	if found {
-		i++
-	}
-	return keys[i:]
+	return storekit.Page(ctx, req, keys, scanBatch, s.inspectMany)
 }
 
 // Count implements [backends.Lister], scanning as List does.
 func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, error) {
-	keys, err := s.scan(ctx, backends.ListRequest{Namespace: namespace}.Prefix())
+	keys, err := s.scan(ctx, storekit.ListPrefix(namespace))
 	if err != nil {
 		return backends.Counts{}, err
 	}
-	keys = sortedAfter(keys, "")
+	slices.Sort(keys)
+	keys = slices.Compact(keys) // SCAN may return a key twice
 	var c backends.Counts
 	for batch := range slices.Chunk(keys, scanBatch) {
 		cmds, err := s.pipelined(ctx, func(p redis.Pipeliner) []*redis.Cmd {
@@ -103,7 +71,7 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 			le, _ := vals[1].(string)
 			leMs, _ := strconv.ParseInt(le, 10, 64)
 			nowMs, _ := vals[2].(int64)
-			c.Add(state(st, time.UnixMilli(leMs), time.UnixMilli(nowMs)))
+			storekit.AddCount(&c, state(st, time.UnixMilli(leMs), time.UnixMilli(nowMs)))
 		}
 	}
 	return c, nil
@@ -144,11 +112,7 @@ func (s *Store) inspectMany(ctx context.Context, keys []string) ([]backends.Reco
 // a Cluster) and returns them; a command's own error (such as redis.Nil)
 // is left on the command.
 func (s *Store) pipelined(ctx context.Context, fn func(p redis.Pipeliner) []*redis.Cmd) ([]*redis.Cmd, error) {
-	pc, ok := s.client.(interface{ Pipeline() redis.Pipeliner })
-	if !ok {
-		return nil, fmt.Errorf("redisstore: listing needs a client with pipelines, not %T", s.client)
-	}
-	p := pc.Pipeline()
+	p := s.client.Pipeline()
 	cmds := fn(p)
 	if _, err := p.Exec(ctx); err != nil {
 		for _, c := range cmds {
@@ -188,8 +152,8 @@ func (s *Store) scan(ctx context.Context, prefix string) ([]string, error) {
 		err = forEachSerially(ctx, c.ForEachMaster, one)
 	case *redis.Ring:
 		err = forEachSerially(ctx, c.ForEachShard, one)
-	default:
-		return nil, fmt.Errorf("redisstore: listing needs a *redis.Client, *redis.ClusterClient or *redis.Ring, not %T", s.client)
+	default: // New takes no other client
+		return nil, fmt.Errorf("redisstore: cannot list on a %T", s.client)
 	}
 	if err != nil {
 		return nil, opError(ctx, "scan", err)

@@ -45,8 +45,8 @@ func TestRedisUnreachableMidHandlerCancelsBeforeExpiry(t *testing.T) {
 		r.Resume()
 		return nil, msg.Context().Err()
 	})(message.NewMessage("m1", nil))
-	require.ErrorIs(t, err, idempotency.ErrLeaseLost, "nacked")
-	require.ErrorIs(t, cause, idempotency.ErrLeaseLost)
+	require.ErrorIs(t, err, backends.ErrLeaseLost, "nacked")
+	require.ErrorIs(t, cause, backends.ErrLeaseLost)
 
 	// The server and this test share a clock (same machine), so the two
 	// times compare: the handler was stopped while the lease still held.
@@ -234,7 +234,7 @@ func TestLeaseKeptWhileAcquiresSaturateThePool(t *testing.T) {
 				require.False(t, cancelled.Load())
 				require.EqualValues(t, 17, counters.Count(idempotency.OutcomeProcessed))
 			} else {
-				require.ErrorIs(t, err, idempotency.ErrLeaseLost)
+				require.ErrorIs(t, err, backends.ErrLeaseLost)
 				require.EqualValues(t, 1, counters.Count(idempotency.OutcomeLeaseLost))
 			}
 		})

@@ -46,66 +46,92 @@ var (
 // DefaultPrefix is the default [Options.Prefix].
 const DefaultPrefix = "idempotency:"
 
-// ErrNilClient is returned by [New] without a client.
-var ErrNilClient = errors.New("redisstore: nil client")
-
 // Options configures a [Store]. The zero value is ready to use.
 type Options struct {
 	// Prefix is prepended to every key, to keep the store's records apart
 	// from other data in the same Redis. Defaults to DefaultPrefix. Set it
 	// to a distinct value per environment or application sharing a server.
 	Prefix string
-	// NoCoalesce sends every call as its own round trip. By default, calls
-	// that arrive while the store already has round trips in flight are
-	// sent together, in one pipeline, as soon as one of those ends (see
-	// docs/redis.md); a call that finds the store idle is sent at once
-	// either way. Set it for a proxy or a Redis-compatible server that
-	// mishandles pipelined scripts, or to keep each call's go-redis hooks
-	// and metrics per command (ProcessHook) rather than per pipeline.
-	NoCoalesce bool
+	// Coalescing says how calls that arrive while the store already has
+	// round trips in flight are sent. Defaults to CoalesceConcurrent.
+	Coalescing Coalescing
 }
+
+// Coalescing says how a [Store] sends the calls that arrive while it
+// already has round trips in flight (see docs/redis.md). A call that
+// finds the store idle is sent at once either way.
+type Coalescing int
+
+const (
+	// CoalesceConcurrent sends the calls that arrive while every round
+	// trip the store keeps in flight is busy together, in one pipeline,
+	// as soon as one of those ends. The default.
+	CoalesceConcurrent Coalescing = iota
+	// CoalesceOff sends every call as its own round trip: for a proxy or
+	// a Redis-compatible server that mishandles pipelined scripts, or to
+	// keep each call's go-redis hooks and metrics per command
+	// (ProcessHook) rather than per pipeline.
+	CoalesceOff
+)
 
 // Store is a [backends.Store] on Redis. Create it with [New].
 type Store struct {
-	client   redis.Scripter
+	client   redis.UniversalClient
+	opts     Options
 	prefix   string
 	poolSize int
 	calls    *coalescer
 	watch    watchers
 }
 
-// New returns a store that runs its scripts through client: a
-// *redis.Client, *redis.ClusterClient, *redis.Ring, a Sentinel failover
-// client or any redis.UniversalClient. It returns [ErrNilClient] for a nil
-// client. It does not contact the server.
-func New(client redis.Scripter, opts Options) (*Store, error) {
+// New returns a store on client: a *redis.Client (a Sentinel failover
+// client is one), a *redis.ClusterClient or a *redis.Ring, the clients
+// redis.NewUniversalClient returns. On each of them the store lists its
+// records, reports the pool's size and wakes waiting duplicates. It
+// returns an error wrapping [backends.ErrNilClient] for a nil client, and
+// one wrapping [backends.ErrInvalidOptions] for another implementation of
+// redis.UniversalClient, which the store could not do all of that with
+// (instrument a client with go-redis hooks, AddHook, instead of wrapping
+// it), or for an unknown Coalescing. It does not contact the server.
+func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if storekit.IsNil(client) {
-		return nil, ErrNilClient
+		return nil, fmt.Errorf("redisstore: %w", backends.ErrNilClient)
+	}
+	switch client.(type) {
+	case *redis.Client, *redis.ClusterClient, *redis.Ring:
+	default:
+		return nil, fmt.Errorf("redisstore: %w: a client of type %T: want a *redis.Client, *redis.ClusterClient or *redis.Ring", backends.ErrInvalidOptions, client)
+	}
+	if opts.Coalescing != CoalesceConcurrent && opts.Coalescing != CoalesceOff {
+		return nil, fmt.Errorf("redisstore: %w: unknown Coalescing %d", backends.ErrInvalidOptions, int(opts.Coalescing))
 	}
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
 	}
 	ps := poolSize(client)
-	return &Store{client: client, prefix: opts.Prefix, poolSize: ps, calls: newCoalescer(client, opts.NoCoalesce, ps)}, nil
+	return &Store{client: client, opts: opts, prefix: opts.Prefix, poolSize: ps, calls: newCoalescer(client, opts.Coalescing == CoalesceOff, ps)}, nil
 }
 
-// poolSize is the connection pool size of a go-redis client (per node for
-// a Cluster or Ring), or 0 if unknown.
-func poolSize(c redis.Scripter) int {
+// Options returns the store's options with defaults applied.
+func (s *Store) Options() Options { return s.opts }
+
+// poolSize is the connection pool size of a go-redis client, per node for
+// a Cluster or Ring.
+func poolSize(c redis.UniversalClient) int {
 	switch c := c.(type) {
-	case interface{ Options() *redis.Options }:
+	case *redis.Client:
 		return c.Options().PoolSize
-	case interface{ Options() *redis.ClusterOptions }:
+	case *redis.ClusterClient:
 		return c.Options().PoolSize
-	case interface{ Options() *redis.RingOptions }:
+	case *redis.Ring:
 		return c.Options().PoolSize
 	}
 	return 0
 }
 
-// PoolSize implements [backends.PoolSizer]: the client's PoolSize (per
-// node for a Cluster or a Ring), or 0 for another client. The middleware
-// lets new acquisitions take at most half of it by default.
+// PoolSize implements [backends.PoolSizer]: the client's PoolSize, per
+// node for a Cluster or a Ring. The middleware lets new acquisitions take
+// at most half of it by default.
 func (s *Store) PoolSize() int { return s.poolSize }
 
 func (s *Store) redisKey(key string) []string { return []string{s.prefix + key} }
@@ -116,7 +142,7 @@ func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.
 
 // Acquire implements [backends.Store].
 func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
-	if err := req.Validate(); err != nil {
+	if err := storekit.ValidateAcquire(req); err != nil {
 		return backends.AcquireResult{}, err
 	}
 	vals, err := s.calls.run(ctx, acquireScript, s.redisKey(req.Key),
@@ -145,10 +171,8 @@ func parseAcquire(req backends.AcquireRequest, vals []any) (backends.AcquireResu
 		attempt, _ := vals[2].(int64)
 		flags, _ := vals[3].(int64)
 		res.Status = backends.Acquired
-		res.Lease = backends.Lease{
-			Key: req.Key, Owner: req.Owner, Token: token, Attempt: int(attempt),
-			Takeover: flags == 1, Reentrant: flags == 2,
-		}
+		res.Lease = backends.Lease{Key: req.Key, Owner: req.Owner, Token: token, Attempt: int(attempt), Takeover: flags == 1}
+		res.Reentrant = flags == 2
 		res.Fingerprint = bytesOrNil(vals[4])
 	case 2:
 		remaining, _ := vals[1].(int64)
@@ -222,7 +246,7 @@ func bytesOrNil(v any) []byte {
 // checked runs a script that answers 1 when the lease held and 0 when it
 // did not.
 func (s *Store) checked(ctx context.Context, op string, script *redis.Script, lease backends.Lease, args ...any) error {
-	if err := lease.Validate(); err != nil {
+	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
 	args = append([]any{lease.Owner, lease.Token}, args...)
@@ -238,7 +262,7 @@ func (s *Store) checked(ctx context.Context, op string, script *redis.Script, le
 
 // Renew implements [backends.Store].
 func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Duration) error {
-	if err := backends.ValidateLeaseTTL(ttl); err != nil {
+	if err := storekit.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
 	return s.checked(ctx, "renew", renewScript, lease, ms(ttl))
@@ -256,7 +280,7 @@ func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
 
 // Inspect implements [backends.Store].
 func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error) {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return backends.Record{}, err
 	}
 	vals, err := s.calls.run(ctx, inspectScript, s.redisKey(key)).Slice()
@@ -319,7 +343,7 @@ func state(s string, leaseExpires, now time.Time) backends.State {
 
 // Delete implements [backends.Store].
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := backends.ValidateKey(key); err != nil {
+	if err := storekit.ValidateKey(key); err != nil {
 		return err
 	}
 	n, err := s.calls.run(ctx, deleteScript, s.redisKey(key)).Int64()

@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"errors"
-	"io"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -21,12 +20,12 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func newStore(t *testing.T, client redis.Scripter) *redisstore.Store {
+func newStore(t *testing.T, client redis.UniversalClient) *redisstore.Store {
 	t.Helper()
 	return newStorePrefixed(t, client, testserver.Unique("redisstore-test:"))
 }
 
-func newStorePrefixed(t *testing.T, client redis.Scripter, prefix string) *redisstore.Store {
+func newStorePrefixed(t *testing.T, client redis.UniversalClient, prefix string) *redisstore.Store {
 	t.Helper()
 	s, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
 	require.NoError(t, err)
@@ -70,14 +69,33 @@ func TestConformanceCluster(t *testing.T) {
 
 func TestNewRejectsNilClient(t *testing.T) {
 	s, err := redisstore.New(nil, redisstore.Options{})
-	require.ErrorIs(t, err, redisstore.ErrNilClient)
+	require.ErrorIs(t, err, backends.ErrNilClient)
+	require.EqualError(t, err, "redisstore: backends: nil client")
 	require.Nil(t, s)
-	for name, client := range map[string]redis.Scripter{
+	for name, client := range map[string]redis.UniversalClient{
 		"client": (*redis.Client)(nil), "cluster": (*redis.ClusterClient)(nil), "ring": (*redis.Ring)(nil),
 	} {
 		_, err := redisstore.New(client, redisstore.Options{})
-		require.ErrorIs(t, err, redisstore.ErrNilClient, "a typed nil %s", name)
+		require.ErrorIs(t, err, backends.ErrNilClient, "a typed nil %s", name)
 	}
+}
+
+// wrapped is a client of another type than go-redis's own.
+type wrapped struct{ *redis.Client }
+
+// A client of another type would lose the store capabilities it needs
+// the concrete client for (listing, the pool's size, waking duplicates):
+// New refuses it rather than drop them.
+func TestNewRejectsOtherClients(t *testing.T) {
+	client := testserver.RedisClient(t)
+	_, err := redisstore.New(wrapped{client}, redisstore.Options{})
+	require.ErrorIs(t, err, backends.ErrInvalidOptions)
+	require.ErrorContains(t, err, "redisstore_test.wrapped")
+	_, err = redisstore.New(client, redisstore.Options{Coalescing: redisstore.CoalesceOff + 1})
+	require.ErrorIs(t, err, backends.ErrInvalidOptions, "an unknown Coalescing")
+	s, err := redisstore.New(client, redisstore.Options{})
+	require.NoError(t, err)
+	require.Equal(t, redisstore.Options{Prefix: redisstore.DefaultPrefix}, s.Options(), "the defaults applied")
 }
 
 func TestKeyLayout(t *testing.T) {
@@ -153,7 +171,7 @@ func TestAmbiguousAcquireRetryGetsTheLeaseBack(t *testing.T) {
 	res, err := s.Acquire(ctx, req)
 	require.NoError(t, err)
 	require.Equal(t, backends.Acquired, res.Status, "the retry is not told the key is in progress")
-	require.True(t, res.Lease.Reentrant, "%+v", res)
+	require.True(t, res.Reentrant, "%+v", res)
 	require.Equal(t, 1, res.Lease.Attempt)
 
 	other, err := s.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "owner-2", LeaseTTL: time.Minute, Retention: time.Minute})
@@ -273,28 +291,41 @@ func TestRestartWithoutPersistenceLosesState(t *testing.T) {
 func TestPoolSize(t *testing.T) {
 	addr := testserver.RedisClient(t).Options().Addr
 	for name, tc := range map[string]struct {
-		client redis.Scripter
+		client redis.UniversalClient
 		want   int
 	}{
-		"client":           {redis.NewClient(&redis.Options{Addr: addr, PoolSize: 7}), 7},
-		"default client":   {redis.NewClient(&redis.Options{Addr: addr}), 10 * runtime.GOMAXPROCS(0)},
-		"cluster client":   {redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, PoolSize: 5}), 5},
-		"unknown scripter": {newScripterOnly(addr), 0},
+		"client":         {redis.NewClient(&redis.Options{Addr: addr, PoolSize: 7}), 7},
+		"default client": {redis.NewClient(&redis.Options{Addr: addr}), 10 * runtime.GOMAXPROCS(0)},
+		"cluster client": {redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, PoolSize: 5}), 5},
+		"ring":           {redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": addr}, PoolSize: 3}), 3},
 	} {
 		s, err := redisstore.New(tc.client, redisstore.Options{})
 		require.NoError(t, err)
 		require.Equal(t, tc.want, s.PoolSize(), name)
-		require.NoError(t, tc.client.(io.Closer).Close())
+		require.NoError(t, tc.client.Close())
 	}
 }
 
-// scripterOnly hides everything of a client but redis.Scripter and Close.
-type scripterOnly struct {
-	redis.Scripter
-	io.Closer
-}
-
-func newScripterOnly(addr string) scripterOnly {
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	return scripterOnly{c, c}
+// On a Ring the store lists its records and wakes a waiting duplicate,
+// as on the other clients.
+func TestRing(t *testing.T) {
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": testserver.RedisClient(t).Options().Addr}})
+	t.Cleanup(func() { _ = ring.Close() })
+	s := newStore(t, ring)
+	ctx := context.Background()
+	held, err := s.Acquire(ctx, backends.AcquireRequest{Key: "ns:k", Owner: "holder", LeaseTTL: time.Minute, Retention: time.Minute})
+	require.NoError(t, err)
+	changed, stop, ok := s.Watch(ctx, "ns:k")
+	require.True(t, ok, "a Ring watches")
+	defer stop()
+	page, err := s.List(ctx, backends.ListRequest{Namespace: "ns", Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, page.Records, 1)
+	require.Equal(t, "ns:k", page.Records[0].Key)
+	require.NoError(t, s.Complete(ctx, held.Lease, nil))
+	select {
+	case <-changed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the completion did not wake the watch")
+	}
 }

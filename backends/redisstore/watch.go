@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 var _ backends.Watcher = (*Store)(nil)
@@ -40,12 +41,15 @@ const (
 // held (the subscription itself rides a connection of its own, outside
 // the pool).
 //
-// Watch reports not ok, and its callers poll, on a client that is neither
-// a *redis.Client (Sentinel's failover client is one) nor a
-// *redis.ClusterClient, on a server without sharded pub/sub, and for a
-// moment after a subscription connection was lost; losing one wakes every
-// watch it served, since it may have missed a change. Call [Store.Close]
-// to end the subscriptions.
+// On a *redis.Ring the store subscribes on the shard that serves the key,
+// which is the shard its scripts run on; a Ring whose shards change
+// (SetAddrs) may move a key to another shard under a watch, which is then
+// woken by nothing, and its caller finds the change by polling, as it
+// always does at a slow pace. Watch reports not ok, and its callers poll,
+// on a server without sharded pub/sub, and for a moment after a
+// subscription connection was lost; losing one wakes every watch it
+// served, since it may have missed a change. Call [Store.Close] to end
+// the subscriptions.
 func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
 	channel := s.prefix + key
 	sub := s.watch.subscriber(ctx, s.client, channel)
@@ -100,8 +104,8 @@ type watchers struct {
 }
 
 // subscriber returns the subscriber for the node that serves channel, or
-// nil if the client cannot subscribe.
-func (ws *watchers) subscriber(ctx context.Context, client redis.Scripter, channel string) *subscriber {
+// nil if it cannot tell which node that is.
+func (ws *watchers) subscriber(ctx context.Context, client redis.UniversalClient, channel string) *subscriber {
 	var (
 		addr string
 		node interface {
@@ -115,6 +119,12 @@ func (ws *watchers) subscriber(ctx context.Context, client redis.Scripter, chann
 			return nil
 		}
 		addr, node = master.Options().Addr, master
+	case *redis.Ring:
+		shard, err := c.GetShardClientForKey(channel)
+		if err != nil {
+			return nil
+		}
+		addr, node = shard.Options().Addr, shard
 	case *redis.Client:
 		node = c
 	default:
@@ -148,6 +158,7 @@ type subscriber struct {
 	ps          *redis.PubSub // nil until needed, and after a loss
 	lost        chan struct{} // closed when ps is lost
 	channels    map[string]*subscription
+	wakes       storekit.Wakes // the watches, by channel; woken under mu
 	retryAt     time.Time
 	backoff     time.Duration
 	unsupported bool // the server has no sharded pub/sub
@@ -157,10 +168,9 @@ type subscriber struct {
 
 // subscription is one channel's state on a subscriber's connection.
 type subscription struct {
-	refs    int // watches that have not stopped
-	state   subState
-	armed   chan struct{} // closed when the server confirms a subscription
-	watches map[*watchOne]struct{}
+	refs  int // watches that have not stopped
+	state subState
+	armed chan struct{} // closed when the server confirms a subscription
 }
 
 type subState int
@@ -170,8 +180,6 @@ const (
 	subscribed
 	unsubscribing
 )
-
-type watchOne struct{ changed chan struct{} }
 
 func cmdCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), cmdTimeout)
@@ -191,20 +199,19 @@ func (s *subscriber) watch(ctx context.Context, channel string) (<-chan struct{}
 	lost := s.lost
 	sub := s.channels[channel]
 	if sub == nil {
-		sub = &subscription{armed: make(chan struct{}), watches: map[*watchOne]struct{}{}}
+		sub = &subscription{armed: make(chan struct{})}
 		s.channels[channel] = sub
 		s.sendLocked(channel, true)
 	}
 	sub.refs++
-	w := &watchOne{changed: make(chan struct{})}
-	sub.watches[w] = struct{}{}
+	w := s.wakes.Add(channel)
 	armed := sub.armed
 	s.mu.Unlock()
 
 	stop := sync.OnceFunc(func() { s.stop(channel, sub, w) })
 	select {
 	case <-armed:
-		return w.changed, stop, true
+		return w.Changed(), stop, true
 	case <-lost:
 	case <-ctx.Done():
 	}
@@ -214,13 +221,13 @@ func (s *subscriber) watch(ctx context.Context, channel string) (<-chan struct{}
 
 // stop ends watch w of channel, and unsubscribes the channel when it was
 // the last.
-func (s *subscriber) stop(channel string, sub *subscription, w *watchOne) {
+func (s *subscriber) stop(channel string, sub *subscription, w *storekit.Watch) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	w.Stop()
 	if s.channels[channel] != sub {
 		return // the connection was lost since: nothing left to undo
 	}
-	delete(sub.watches, w)
 	sub.refs--
 	if sub.refs == 0 && sub.state == subscribed {
 		sub.state, sub.armed = unsubscribing, make(chan struct{})
@@ -283,12 +290,7 @@ func (s *subscriber) handle(ps *redis.PubSub, msg any) {
 	}
 	switch m := msg.(type) {
 	case *redis.Message:
-		if sub := s.channels[m.Channel]; sub != nil {
-			for w := range sub.watches {
-				close(w.changed)
-			}
-			clear(sub.watches)
-		}
+		s.wakes.Wake(m.Channel)
 	case *redis.Subscription:
 		sub := s.channels[m.Channel]
 		switch {
@@ -326,11 +328,7 @@ func (s *subscriber) loseLocked(err error) {
 	if errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "ERR unknown command") {
 		s.unsupported = true
 	}
-	for _, sub := range s.channels {
-		for w := range sub.watches {
-			close(w.changed)
-		}
-	}
+	s.wakes.WakeAll()
 	clear(s.channels)
 	close(s.lost)
 	_ = s.ps.Close()

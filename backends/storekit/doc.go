@@ -2,6 +2,33 @@
 // repository share beyond the contract in package backends, for a
 // third-party store to share too. Users of the middleware do not need it.
 //
+// # Checking requests
+//
+// Every store refuses alike, before it asks its server, a request beyond
+// the contract's limits: [ValidateAcquire], [ValidateLease], [ValidateKey],
+// [ValidateLeaseTTL], [ValidateRetention] and [ValidateList] return the
+// errors wrapping backends.ErrInvalidRequest that the conformance suite
+// expects.
+//
+// # Listing
+//
+// The stores page by key: a page's cursor is its last key ([ListCursor],
+// [ParseListCursor]), and a namespace is a key prefix ([ListPrefix]) or,
+// for a server that keeps keys in order, a key range ([ListRange]). A
+// store whose server cannot read keys in order scans them and lets [Page]
+// sort them and fill the page; [AddCount] counts records one by one.
+//
+// # Waking waiters
+//
+// A [backends.Watcher] keeps its watches in a [Wakes] and wakes them by
+// key; [WatchOf] forwards the capability from a store that wraps another.
+//
+// # Lifecycle
+//
+// [IsNil] tells a constructor it was given a typed nil client, and
+// [RunCleaner] runs a cleanup in batches on a timer, for a store whose
+// server does not forget expired records by itself.
+//
 // A store runs [backends/storetest] against itself to prove that it keeps
 // the contract.
 package storekit

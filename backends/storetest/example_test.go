@@ -12,6 +12,10 @@ import (
 func ExampleRun() {
 	var t *testing.T // the *testing.T of a TestXxx function
 	storetest.Run(t, func(t *testing.T) storetest.Fixture {
-		return storetest.Fixture{Store: memstore.New(memstore.Options{})}
+		store, err := memstore.New(memstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return storetest.Fixture{Store: store}
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 // The tests of the optional backends.Lister capability. A store without it
@@ -136,7 +137,7 @@ func testListEveryNamespace(t *testing.T, s *suite, l backends.Lister) {
 	for _, k := range keys {
 		s.mustAcquire(t, k, s.owner(), long)
 	}
-	page, err := l.List(ctx(t), backends.ListRequest{Limit: 3, Cursor: backends.ListCursor(s.prefix)})
+	page, err := l.List(ctx(t), backends.ListRequest{Limit: 3, Cursor: storekit.ListCursor(s.prefix)})
 	require.NoError(t, err)
 	got := make([]string, len(page.Records))
 	for i, r := range page.Records {

@@ -24,8 +24,12 @@ import (
 // while that holder is within its lease: only a holder that paused past
 // its lease (which a loaded machine can make happen) may meet another.
 type Race struct {
+	// Racers is how many goroutines race, Keys how many keys they race
+	// for, and Wins how many acquisitions the race runs to.
 	Racers, Keys, Wins int
-	LeaseTTL           time.Duration
+	// LeaseTTL is the winners' lease, which a winner that walks away
+	// leaves to run out.
+	LeaseTTL time.Duration
 	// Store returns racer i's store.
 	Store func(t testing.TB, i int) backends.Store
 }

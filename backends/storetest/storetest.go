@@ -204,7 +204,7 @@ func testAcquireFreshKey(t *testing.T, s *suite) {
 	require.Equal(t, 1, res.Lease.Attempt)
 	require.Positive(t, res.Lease.Token)
 	require.False(t, res.Lease.Takeover)
-	require.False(t, res.Lease.Reentrant)
+	require.False(t, res.Reentrant)
 	require.Nil(t, res.Fingerprint)
 
 	rec := s.inspect(t, key)
@@ -357,7 +357,7 @@ func testReentrant(t *testing.T, s *suite) {
 	s.wait(2)
 	again := s.acquire(t, key, owner, long)
 	require.Equal(t, backends.Acquired, again.Status)
-	require.True(t, again.Lease.Reentrant)
+	require.True(t, again.Reentrant)
 	require.False(t, again.Lease.Takeover)
 	require.Equal(t, first.Token, again.Lease.Token)
 	require.Equal(t, first.Attempt, again.Lease.Attempt)
@@ -383,7 +383,7 @@ func testTakeoverAfterExpiry(t *testing.T, s *suite) {
 	res := s.acquire(t, key, s.owner(), long)
 	require.Equal(t, backends.Acquired, res.Status)
 	require.True(t, res.Lease.Takeover)
-	require.False(t, res.Lease.Reentrant)
+	require.False(t, res.Reentrant)
 	require.Greater(t, res.Lease.Token, old.Token)
 	require.Equal(t, 2, res.Lease.Attempt)
 

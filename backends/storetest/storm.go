@@ -48,6 +48,8 @@ var errInjected = errors.New("storetest: injected handler failure")
 // Copy c of key k goes to instance (k+c) mod Instances under a new message
 // UUID, as a producer retry would, all copies at once.
 type Storm struct {
+	// Instances is how many routers receive the copies, Keys how many
+	// keys they carry, and Copies how many copies of each key are sent.
 	Instances, Keys, Copies int
 	// Store returns instance i's store. Required.
 	Store func(t testing.TB, i int) backends.Store
@@ -273,6 +275,8 @@ func (st *state) waitAcked(t testing.TB, n int64, timeout time.Duration) {
 
 // Report is what a storm measured.
 type Report struct {
+	// Instances and Keys are the storm's; Deliveries is how many copies
+	// were delivered in all.
 	Instances, Keys, Deliveries int
 	// Lost lists keys whose effect was never applied.
 	Lost []string
@@ -292,8 +296,11 @@ type Report struct {
 	Takeovers int64
 	// StoreCalls counts the middleware's store calls.
 	StoreCalls int64
-	Elapsed    time.Duration
-	Errors     []error
+	// Elapsed is how long the storm took.
+	Elapsed time.Duration
+	// Errors are the errors met reading the effects while checking an
+	// ack.
+	Errors []error
 }
 
 func (st *state) report(t testing.TB, s Storm, elapsed time.Duration) Report {

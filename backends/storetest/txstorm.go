@@ -86,6 +86,7 @@ func (e *Table) Tally() (map[string]Tally, int64, error) {
 // before the ack). Run checks that every key's effect is applied exactly
 // once.
 type TxStorm struct {
+	// Table is the business table the handlers write their effects to.
 	Table *Table
 	// Store returns instance i's store.
 	Store func(t testing.TB, i int) backends.Store

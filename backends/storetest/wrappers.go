@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 // Counted wraps a store and counts every call made through it.
@@ -142,10 +143,10 @@ func (f *flaky) MaxOutputBytes() int { return outputLimit(f.Store) }
 
 // Watch forwards the wrapped store's backends.Watcher.
 func (c *counted) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
-	return backends.WatchOf(ctx, c.Store, key)
+	return storekit.WatchOf(ctx, c.Store, key)
 }
 
 // Watch forwards the wrapped store's backends.Watcher.
 func (f *flaky) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
-	return backends.WatchOf(ctx, f.Store, key)
+	return storekit.WatchOf(ctx, f.Store, key)
 }

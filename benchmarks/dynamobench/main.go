@@ -33,15 +33,15 @@ func main() {
 	clients := flag.Int("clients", 16, "concurrent clients")
 	duration := flag.Duration("duration", 5*time.Second, "duration of each run")
 	rounds := flag.Int("rounds", 3, "rounds, alternating which goes first; medians are reported")
-	noTTL := flag.Bool("no-ttl", true, "leave TTL off on the store's table (dynalite has no UpdateTimeToLive)")
+	ttl := flag.Bool("ttl", false, "turn Time to Live on for the store's table (dynalite has no UpdateTimeToLive)")
 	flag.Parse()
-	if err := run(*endpoint, *clients, *duration, *rounds, *noTTL); err != nil {
+	if err := run(*endpoint, *clients, *duration, *rounds, *ttl); err != nil {
 		fmt.Fprintln(os.Stderr, "dynamobench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(endpoint string, clients int, duration time.Duration, rounds int, noTTL bool) error {
+func run(endpoint string, clients int, duration time.Duration, rounds int, ttl bool) error {
 	ctx := context.Background()
 	api := dynamodb.New(dynamodb.Options{
 		Region:       "us-east-1",
@@ -51,14 +51,18 @@ func run(endpoint string, clients int, duration time.Duration, rounds int, noTTL
 		}),
 		HTTPClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}},
 	})
-	store, err := dynamostore.New(api, dynamostore.Options{Table: fmt.Sprintf("dynamobench_%d", time.Now().UnixNano()%1e9)})
+	opts := dynamostore.Options{Table: fmt.Sprintf("dynamobench_%d", time.Now().UnixNano()%1e9), TTL: dynamostore.TTLUntouched}
+	if ttl {
+		opts.TTL = dynamostore.TTLOn
+	}
+	store, err := dynamostore.New(api, opts)
 	if err != nil {
 		return err
 	}
-	if err := store.CreateTable(ctx, dynamostore.TableOptions{NoTTL: noTTL}); err != nil {
+	if err := store.Migrate(ctx); err != nil {
 		return err
 	}
-	table := aws.String(store.Options().Table)
+	table := aws.String(opts.Table)
 
 	raw := func(ctx context.Context, key string) error {
 		item := map[string]types.AttributeValue{

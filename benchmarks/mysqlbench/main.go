@@ -1,23 +1,29 @@
 // Command mysqlbench measures the MySQL store against its own two
-// statements, Acquire's upsert with RETURNING and Complete's update, run
-// raw through the same driver and pool (database/sql, go-sql-driver/mysql),
-// on the same server, at the same concurrency, in one run.
+// statements, Acquire's upsert with RETURNING and Complete's update, as
+// the store sends them, run raw through the same driver and pool
+// (database/sql, go-sql-driver/mysql), on the same server, at the same
+// concurrency, in one run. MariaDB 10.5 or later: on MySQL, Acquire is
+// not one statement.
 //
 //	go run ./mysqlbench -dsn 'root@tcp(127.0.0.1:3306)/test' -clients 16 -duration 5s
 package main
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"regexp"
+	"sync"
 	"text/tabwriter"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql"
+	"github.com/go-sql-driver/mysql"
 
+	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
 	"github.com/watermill-idempotency/idempotency/benchmarks/internal/load"
 )
@@ -60,36 +66,29 @@ func run(dsn string, clients int, duration time.Duration, rounds int) error {
 		drop := func() { db.Exec("DROP TABLE IF EXISTS `" + table + "`") } //nolint:errcheck
 		return store, drop, store.Migrate(ctx)
 	}
-	raw := func(store *mysqlstore.Store) func(ctx context.Context, key string) error {
-		acquire, complete := store.Statements()
-		var names []string
-		acquire = regexp.MustCompile(`:[a-z]+`).ReplaceAllStringFunc(acquire, func(p string) string {
-			names = append(names, p[1:])
-			return "?"
-		})
+	raw := func(store *mysqlstore.Store) (func(ctx context.Context, key string) error, error) {
+		acquire, complete, err := statements(ctx, dsn, store)
+		if err != nil {
+			return nil, err
+		}
 		return func(ctx context.Context, key string) error {
-			vals := map[string]any{"key": []byte(key), "owner": []byte(key), "ttl": int64(30e6), "ret": int64(3600e6), "fp": nil}
-			args := make([]any, len(names))
-			for i, n := range names {
-				args[i] = vals[n]
-			}
-			var state, how int16
-			var owner, fp, out []byte
-			var token, lease, now int64
-			var attempt int32
-			var completed sql.NullInt64
-			if err := db.QueryRowContext(ctx, acquire, args...).Scan(&state, &owner, &token, &attempt, &how, &lease, &completed, &fp, &out, &now); err != nil {
+			rows, err := db.QueryContext(ctx, acquire.query, acquire.with(key, 0)...)
+			if err != nil {
 				return err
 			}
-			_, err := db.ExecContext(ctx, complete, nil, []byte(key), []byte(key), token)
+			token, err := scanToken(rows)
+			if err != nil {
+				return err
+			}
+			_, err = db.ExecContext(ctx, complete.query, complete.with(key, token)...)
 			return err
-		}
+		}, nil
 	}
-	ours := func(store *mysqlstore.Store) func(ctx context.Context, key string) error {
-		return load.StoreCycle(store)
+	ours := func(store *mysqlstore.Store) (func(ctx context.Context, key string) error, error) {
+		return load.StoreCycle(store), nil
 	}
 	var raws, ourRuns []float64
-	measure := func(op func(*mysqlstore.Store) func(context.Context, string) error, into *[]float64) error {
+	measure := func(op func(*mysqlstore.Store) (func(context.Context, string) error, error), into *[]float64) error {
 		store, drop, err := fresh()
 		defer func() {
 			if drop != nil {
@@ -99,7 +98,11 @@ func run(dsn string, clients int, duration time.Duration, rounds int) error {
 		if err != nil {
 			return err
 		}
-		v, err := load.Cycles(clients, duration, op(store))
+		cycle, err := op(store)
+		if err != nil {
+			return err
+		}
+		v, err := load.Cycles(clients, duration, cycle)
 		*into = append(*into, v)
 		return err
 	}
@@ -115,4 +118,178 @@ func run(dsn string, clients int, duration time.Duration, rounds int) error {
 	r, o := load.Median(raws), load.Median(ourRuns)
 	fmt.Fprintf(w, "%.0f cycles/s\t%.0f cycles/s\t%.3f\t≥ 0.80\t\n", r, o, o/r)
 	return w.Flush()
+}
+
+// The key and owner of the cycle that statements records.
+const (
+	sampleKey   = "mysqlbench-sample"
+	sampleOwner = "mysqlbench-sample-owner"
+)
+
+// statements returns Acquire's and Complete's statements as the store
+// sends them, recorded by a connector of its own around the driver's, on
+// a store of its own on the same table. The acquire must be one statement
+// (MariaDB's, with RETURNING): on MySQL, Acquire runs an upsert and a
+// read in a transaction, which this benchmark does not replay.
+func statements(ctx context.Context, dsn string, store *mysqlstore.Store) (acquire, complete recorded, err error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return recorded{}, recorded{}, err
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return recorded{}, recorded{}, err
+	}
+	rec := &recorder{Connector: connector}
+	db := sql.OpenDB(rec)
+	defer db.Close()
+	sample, err := mysqlstore.New(db, store.Options())
+	if err != nil {
+		return recorded{}, recorded{}, err
+	}
+	// The first Acquire detects the server's flavor: record the second.
+	for i := range 2 {
+		rec.reset()
+		res, err := sample.Acquire(ctx, backends.AcquireRequest{Key: fmt.Sprint(sampleKey, i), Owner: sampleOwner, LeaseTTL: 30 * time.Second, Retention: time.Hour})
+		if err != nil {
+			return recorded{}, recorded{}, err
+		}
+		acq := rec.reset()
+		if err := sample.Complete(ctx, res.Lease, nil); err != nil {
+			return recorded{}, recorded{}, err
+		}
+		compl := rec.reset()
+		if i == 0 {
+			continue
+		}
+		if len(acq) != 1 || len(compl) != 1 {
+			return recorded{}, recorded{}, fmt.Errorf("recorded %d statements for an Acquire and %d for a Complete, want one each (MariaDB 10.5 or later)", len(acq), len(compl))
+		}
+		acquire, complete = acq[0], compl[0]
+		acquire.key, complete.key = []byte(fmt.Sprint(sampleKey, i)), []byte(fmt.Sprint(sampleKey, i))
+		complete.token = res.Lease.Token
+	}
+	return acquire, complete, nil
+}
+
+// recorded is a statement as sent, with its arguments, and the sample
+// key and token they hold.
+type recorded struct {
+	query string
+	args  []any
+	key   []byte
+	token int64
+}
+
+// with returns the statement's arguments for key: the sample key and
+// owner replaced by key, the sample token by token.
+func (r recorded) with(key string, token int64) []any {
+	args := make([]any, len(r.args))
+	for i, a := range r.args {
+		switch v := a.(type) {
+		case []byte:
+			if bytes.Equal(v, r.key) || string(v) == sampleOwner {
+				a = []byte(key)
+			}
+		case int64:
+			if r.token != 0 && v == r.token {
+				a = token
+			}
+		}
+		args[i] = a
+	}
+	return args
+}
+
+// scanToken reads the token column of the one row of an acquire.
+func scanToken(rows *sql.Rows) (int64, error) {
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return 0, err
+	}
+	var token int64
+	dest := make([]any, len(cols))
+	for i, c := range cols {
+		if c == "token" {
+			dest[i] = &token
+		} else {
+			dest[i] = new(sql.RawBytes)
+		}
+	}
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return 0, err
+		}
+		return 0, errors.New("the acquire returned no row")
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return 0, err
+	}
+	return token, rows.Close()
+}
+
+// recorder is a database/sql connector that records each statement sent
+// through it, with its arguments. Its connections make database/sql
+// prepare every statement, so that each passes through one place.
+type recorder struct {
+	driver.Connector
+	mu    sync.Mutex
+	stmts []recorded
+}
+
+func (r *recorder) Connect(ctx context.Context) (driver.Conn, error) {
+	c, err := r.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &recordingConn{Conn: c, r: r}, nil
+}
+
+func (r *recorder) add(query string, args []driver.NamedValue) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	vals := make([]any, len(args))
+	for i, a := range args {
+		vals[i] = a.Value
+	}
+	r.stmts = append(r.stmts, recorded{query: query, args: vals})
+}
+
+// reset returns the statements recorded so far and forgets them.
+func (r *recorder) reset() []recorded {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.stmts
+	r.stmts = nil
+	return s
+}
+
+type recordingConn struct {
+	driver.Conn
+	r *recorder
+}
+
+func (c *recordingConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	st, err := c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return &recordingStmt{Stmt: st, query: query, r: c.r}, nil
+}
+
+type recordingStmt struct {
+	driver.Stmt
+	query string
+	r     *recorder
+}
+
+func (s *recordingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	s.r.add(s.query, args)
+	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
+}
+
+func (s *recordingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	s.r.add(s.query, args)
+	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
 }

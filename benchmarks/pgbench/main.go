@@ -15,11 +15,14 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/benchmarks/internal/load"
 )
@@ -120,14 +123,10 @@ func pgbench(url string, store *pgstore.Store, clients int, duration time.Durati
 	if err != nil {
 		return 0, fmt.Errorf("pgbench is not installed (postgresql-client): %w", err)
 	}
-	acquire, complete := store.Statements()
-	// pgbench variables stand in for the bind parameters.
-	acquire = replaceParams(acquire, map[string]string{
-		"$1": "convert_to('k' || :k, 'UTF8')", "$2": "'o' || :k", "$3": "30000000", "$4": "3600000000", "$5": "NULL::bytea",
-	})
-	complete = replaceParams(complete, map[string]string{
-		"$1": "convert_to('k' || :k, 'UTF8')", "$2": "'o' || :k", "$3": ":token", "$4": "NULL::bytea",
-	})
+	acquire, complete, err := statements(url, store)
+	if err != nil {
+		return 0, err
+	}
 	script := "\\set k random(1, 9000000000000000)\n" +
 		oneLine(acquire) + "\n\\gset\n" +
 		oneLine(complete) + ";\n"
@@ -152,8 +151,120 @@ func pgbench(url string, store *pgstore.Store, clients int, duration time.Durati
 	return strconv.ParseFloat(string(m[1]), 64)
 }
 
-func replaceParams(sql string, with map[string]string) string {
-	return regexp.MustCompile(`\$[0-9]`).ReplaceAllStringFunc(sql, func(p string) string { return with[p] })
+// The key and owner of the cycle that statements records.
+const (
+	sampleKey   = "pgbench-sample"
+	sampleOwner = "pgbench-sample-owner"
+)
+
+// statements returns the SQL of the store's Acquire and Complete as it
+// sends them, recorded by a pgx tracer on a store of its own on the same
+// table, with pgbench variables in place of the bind parameters: :k makes
+// the key and the owner, :token is the acquire's token (\gset).
+func statements(url string, store *pgstore.Store) (acquire, complete string, err error) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return "", "", err
+	}
+	rec := &recorder{}
+	cfg.ConnConfig.Tracer = rec
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return "", "", err
+	}
+	defer pool.Close()
+	opts := store.Options()
+	opts.Wake = pgstore.WakePoll // no listener: nothing else on the connection
+	sample, err := pgstore.New(pool, opts)
+	if err != nil {
+		return "", "", err
+	}
+	if err := pool.Ping(ctx); err != nil { // connect before recording
+		return "", "", err
+	}
+	rec.reset()
+	res, err := sample.Acquire(ctx, backends.AcquireRequest{Key: sampleKey, Owner: sampleOwner, LeaseTTL: 30 * time.Second, Retention: time.Hour})
+	if err != nil {
+		return "", "", err
+	}
+	acq := rec.reset()
+	if err := sample.Complete(ctx, res.Lease, nil); err != nil {
+		return "", "", err
+	}
+	compl := rec.reset()
+	if len(acq) != 1 || len(compl) != 1 {
+		return "", "", fmt.Errorf("recorded %d statements for an Acquire and %d for a Complete, want one each", len(acq), len(compl))
+	}
+	if acquire, err = withVariables(acq[0], nil); err != nil {
+		return "", "", err
+	}
+	if complete, err = withVariables(compl[0], &res.Lease.Token); err != nil {
+		return "", "", err
+	}
+	return acquire, complete, nil
+}
+
+// withVariables is q's SQL with each bind parameter replaced: the sample
+// key and owner by expressions of :k, the lease's token (if token is not
+// nil) by :token, another number by itself, a NULL by NULL.
+func withVariables(q pgx.TraceQueryStartData, token *int64) (string, error) {
+	var bad error
+	sql := regexp.MustCompile(`\$[0-9]+`).ReplaceAllStringFunc(q.SQL, func(p string) string {
+		i, _ := strconv.Atoi(p[1:])
+		if i < 1 || i > len(q.Args) {
+			bad = fmt.Errorf("parameter %s of %d in %s", p, len(q.Args), q.SQL)
+			return p
+		}
+		switch v := q.Args[i-1].(type) {
+		case nil:
+			return "NULL::bytea"
+		case []byte:
+			switch {
+			case v == nil:
+				return "NULL::bytea"
+			case string(v) == sampleKey:
+				return "convert_to('k' || :k, 'UTF8')"
+			}
+		case string:
+			if v == sampleOwner {
+				return "'o' || :k"
+			}
+		case int64:
+			if token != nil && v == *token {
+				return ":token"
+			}
+			return strconv.FormatInt(v, 10)
+		}
+		bad = fmt.Errorf("parameter %s: an argument %#v of no known meaning", p, q.Args[i-1])
+		return p
+	})
+	return sql, bad
+}
+
+// recorder is a pgx tracer that keeps the statements sent.
+type recorder struct {
+	mu      sync.Mutex
+	queries []pgx.TraceQueryStartData
+}
+
+func (r *recorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.queries = append(r.queries, data)
+	return ctx
+}
+
+func (r *recorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// reset returns the statements recorded so far and forgets them.
+func (r *recorder) reset() []pgx.TraceQueryStartData {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := r.queries
+	r.queries = nil
+	return q
 }
 
 // oneLine drops comments and line breaks: pgbench reads a statement per line.

@@ -11,7 +11,7 @@
 //	(e) 64 concurrent deliveries in one process on one client: the store's
 //	    Acquire+Complete cycles per second with calls coalesced (the
 //	    default), (f) redislock Obtain+Release and (g) the store with
-//	    NoCoalesce, at the same concurrency
+//	    CoalesceOff, at the same concurrency
 //	(h) one caller: Acquire+Complete back to back with coalescing on and
 //	    off, the two alternating cycle by cycle
 //
@@ -179,11 +179,11 @@ func run(addr string, clients, deliveries int, duration time.Duration, requests,
 	fmt.Fprintf(w, "memory per completed record\t%d bytes\t\t\t\n", mem)
 	fmt.Fprintf(w, "(e) %d deliveries: Acquire+Complete, coalesced\t%s cycles/s\t%.2f = (e)/(f)\t≥ 2.00\t\n", deliveries, count(co.on), co.on/co.lock)
 	fmt.Fprintf(w, "(f) %d deliveries: redislock Obtain+Release\t%s cycles/s\t\t\t\n", deliveries, count(co.lock))
-	fmt.Fprintf(w, "(g) %d deliveries: Acquire+Complete, NoCoalesce\t%s cycles/s\t%.2f = (e)/(g)\t\t\n", deliveries, count(co.off), co.on/co.off)
+	fmt.Fprintf(w, "(g) %d deliveries: Acquire+Complete, CoalesceOff\t%s cycles/s\t%.2f = (e)/(g)\t\t\n", deliveries, count(co.off), co.on/co.off)
 	fmt.Fprintf(w, "(g) against redislock\t\t%.2f = (g)/(f)\t\t\n", co.off/co.lock)
 	fmt.Fprintf(w, "Redis main thread busy during (e), (f), (g)\t%.0f%%, %.0f%%, %.0f%%\t\t\t\n", 100*co.busyOn, 100*co.busyLock, 100*co.busyOff)
 	fmt.Fprintf(w, "(h) one caller: Acquire+Complete, coalescing on\t%s\t%.3f × off\t≤ 1.05\t\n", us(co.loneOn), float64(co.loneOn)/float64(co.loneOff))
-	fmt.Fprintf(w, "(h) one caller: Acquire+Complete, NoCoalesce\t%s\t\t\t\n", us(co.loneOff))
+	fmt.Fprintf(w, "(h) one caller: Acquire+Complete, CoalesceOff\t%s\t\t\t\n", us(co.loneOff))
 	return w.Flush()
 }
 
@@ -206,7 +206,7 @@ func coalescing(addr, prefix string, deliveries int, duration time.Duration, mes
 	if err != nil {
 		return r, err
 	}
-	off, err := redisstore.New(client, redisstore.Options{Prefix: prefix, NoCoalesce: true})
+	off, err := redisstore.New(client, redisstore.Options{Prefix: prefix, Coalescing: redisstore.CoalesceOff})
 	if err != nil {
 		return r, err
 	}

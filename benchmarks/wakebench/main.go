@@ -43,6 +43,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 	"github.com/watermill-idempotency/idempotency/benchmarks/internal/load"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -89,7 +90,7 @@ func (c counted) Acquire(ctx context.Context, req backends.AcquireRequest) (back
 
 func (c counted) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
 	c.watches.Add(1)
-	return backends.WatchOf(ctx, c.Store, key)
+	return storekit.WatchOf(ctx, c.Store, key)
 }
 
 // sample is one wait.

@@ -90,7 +90,7 @@ func (s *racyStore) Inspect(ctx context.Context, key string) (backends.Record, e
 func TestActions(t *testing.T) {
 	cleanEnv(t)
 	ctx := context.Background()
-	mem := memstore.New(memstore.Options{})
+	mem := newMemstore()
 	store := &racyStore{operatorStore: mem}
 	seen := map[string]bool{}
 	step := func(code int, action string, args ...string) actionView {
@@ -201,7 +201,7 @@ func TestKeyIsTheMiddlewaresKey(t *testing.T) {
 // payload, in namespace ns, with extractor ex.
 func middlewareKey(t *testing.T, ns string, ex keyfunc.Extractor, payload string) string {
 	t.Helper()
-	idem, err := idempotency.New(idempotency.Config{Store: memstore.New(memstore.Options{}), Namespace: ns, Key: ex})
+	idem, err := idempotency.New(idempotency.Config{Store: newMemstore(), Namespace: ns, Key: ex})
 	require.NoError(t, err)
 	var key string
 	_, err = idem.Middleware(func(msg *message.Message) ([]*message.Message, error) {
@@ -233,7 +233,7 @@ func TestKeyNeedsTheNamespace(t *testing.T) {
 func TestListCursor(t *testing.T) {
 	cleanEnv(t)
 	ctx := context.Background()
-	mem := memstore.New(memstore.Options{})
+	mem := newMemstore()
 	for _, k := range []string{"charge:a", "charge:b", "charge:c", "refund:a"} {
 		res, err := mem.Acquire(ctx, backends.AcquireRequest{Key: k, Owner: "w", LeaseTTL: time.Hour, Retention: time.Hour})
 		require.NoError(t, err)
@@ -336,7 +336,7 @@ func idemGuide(t *testing.T) string {
 // parse is a usage error that names it.
 func TestVariables(t *testing.T) {
 	cleanEnv(t)
-	mem := memstore.New(memstore.Options{})
+	mem := newMemstore()
 	t.Setenv("IDEM_LIMIT", "5000")
 	r := runOn(t, mem, "", "list")
 	require.Equal(t, exitError, r.code)
@@ -372,8 +372,23 @@ func (s failingStore) Count(context.Context, string) (backends.Counts, error) {
 // is still one line on stderr.
 func TestFailureIsOneLine(t *testing.T) {
 	cleanEnv(t)
-	store := failingStore{memstore.New(memstore.Options{}), errors.New("failed to connect:\n\t127.0.0.1: refused\n\t::1: refused")}
+	store := failingStore{newMemstore(), errors.New("failed to connect:\n\t127.0.0.1: refused\n\t::1: refused")}
 	r := runOn(t, store, "", "stats")
 	require.Equal(t, exitError, r.code)
 	require.Equal(t, "idem: the test's store: failed to connect: 127.0.0.1: refused; ::1: refused\n", r.stderr)
 }
+
+// newMemstore is memstore.New with the zero options, which it never
+// refuses.
+func newMemstore() *memstore.Store {
+	s, err := memstore.New(memstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// actions lists every action, for the tests that check each is reported
+// and documented.
+var actions = []string{actionReleased, actionCompleted, actionAlreadyCompleted, actionDeleted,
+	actionNotFound, actionInProgress, actionNoLease, actionChanged}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/dynamostore"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -32,10 +33,6 @@ const (
 	actionNoLease          = "no_lease"          // exit 3: release found no lease to give up
 	actionChanged          = "changed"           // exit 3: the record changed since it was inspected; nothing changed
 )
-
-// actions lists every action, for the tests and the docs.
-var actions = []string{actionReleased, actionCompleted, actionAlreadyCompleted, actionDeleted,
-	actionNotFound, actionInProgress, actionNoLease, actionChanged}
 
 // outcome is what a command that acts on one key did.
 type outcome struct {
@@ -346,7 +343,7 @@ var listCmd = &command{
 
 // checkCursor refuses a --cursor that no page of the request's namespace
 // printed. A cursor is the last key of its page, base64url-encoded
-// (backends.ListCursor): it must decode, be encoded as a page encodes it,
+// (storekit.ListCursor): it must decode, be encoded as a page encodes it,
 // and name a key in the namespace, which every key the middleware writes
 // has. A store would take any decodable cursor, and answer a mistyped one
 // with a page that is wrongly empty.
@@ -354,14 +351,14 @@ func checkCursor(req backends.ListRequest) error {
 	if req.Cursor == "" {
 		return nil
 	}
-	after, err := req.After()
-	if err != nil || backends.ListCursor(after) != req.Cursor {
+	after, err := storekit.ParseListCursor(req.Cursor)
+	if err != nil || storekit.ListCursor(after) != req.Cursor {
 		return fmt.Errorf("--cursor %q is not a cursor idem list printed", req.Cursor)
 	}
 	if ns, _, ok := strings.Cut(after, ":"); !ok || ns == "" {
 		return fmt.Errorf("--cursor %q is not a cursor idem list printed: it names no namespace:key", req.Cursor)
 	}
-	if !strings.HasPrefix(after, req.Prefix()) {
+	if !strings.HasPrefix(after, storekit.ListPrefix(req.Namespace)) {
 		return fmt.Errorf("--cursor %q is not a cursor of namespace %q: it continues after %q", req.Cursor, req.Namespace, after)
 	}
 	return nil
@@ -569,31 +566,39 @@ var (
 	mysqlCmd = sqlCmd("mysql", "mysql", "MySQL or MariaDB", func(g *globals) string { return g.mysqlTable })
 )
 
-type dynamoOpts struct{ noTTL bool }
+type dynamoOpts struct{ ttl string }
 
 var dynamoCmd = &command{
-	name: "dynamodb", args: "create-table [--no-ttl]", storeName: "dynamodb",
-	help: "DynamoDB store: create its table, on-demand, with Time to Live on its ttl attribute (create-table)",
+	name: "dynamodb", args: "migrate [--ttl on|untouched]", storeName: "dynamodb",
+	help: "DynamoDB store: create its table, on-demand, with Time to Live on its ttl attribute (migrate)",
 	// DynamoDB takes seconds to tens of seconds to make a new table active.
 	timeout: 2 * time.Minute,
 	flags: func(fs *flag.FlagSet) any {
 		o := &dynamoOpts{}
-		fs.BoolVar(&o.noTTL, "no-ttl", false, "leave Time to Live off: for emulators without UpdateTimeToLive (dynalite); forgotten records then stay, ignored")
+		fs.StringVar(&o.ttl, "ttl", "on", "migrate: turn Time to Live on (on), or leave it as it is (untouched): for emulators without UpdateTimeToLive (dynalite); forgotten records then stay, ignored")
 		return o
 	},
 	run: func(ctx context.Context, e *env, opts any, args []string) error {
-		if err := exactArgs(args, 1, "create-table"); err != nil {
+		if err := exactArgs(args, 1, "migrate"); err != nil {
 			return err
 		}
-		if args[0] != "create-table" {
-			return usageError{fmt.Errorf("unknown dynamodb command %q: create-table", args[0])}
+		if args[0] != "migrate" {
+			return usageError{fmt.Errorf("unknown dynamodb command %q: migrate", args[0])}
+		}
+		switch o := opts.(*dynamoOpts); o.ttl {
+		case "on":
+			e.g.dynamoTTL = dynamostore.TTLOn
+		case "untouched":
+			e.g.dynamoTTL = dynamostore.TTLUntouched
+		default:
+			return usageError{fmt.Errorf("--ttl must be on or untouched, got %q", o.ttl)}
 		}
 		s, closeFn, err := openStore(ctx, e.g, false)
 		if err != nil {
 			return err
 		}
 		defer closeFn()
-		if err := s.(*dynamostore.Store).CreateTable(ctx, dynamostore.TableOptions{NoTTL: opts.(*dynamoOpts).noTTL}); err != nil {
+		if err := s.(*dynamostore.Store).Migrate(ctx); err != nil {
 			return err
 		}
 		fmt.Fprintf(e.stdout, "table %s is ready\n", e.g.dynamoTable)

@@ -11,7 +11,7 @@
 //	idem key --namespace H (--json-field NAME... | --metadata N | --uuid | --payload-hash) [--inspect] < payload
 //	idem pg migrate | schema | cleanup [flags] [--batch N]
 //	idem mysql migrate | schema | cleanup [flags] [--batch N]
-//	idem dynamodb create-table [flags] [--no-ttl]
+//	idem dynamodb migrate [flags] [--ttl on|untouched]
 //	idem version                         the version idem was built from
 //
 // The store is chosen with --store redis|postgres|mysql|dynamodb and

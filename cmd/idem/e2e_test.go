@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -122,7 +123,7 @@ func targets(t *testing.T) []target {
 		{"postgres", []string{"IDEM_STORE=postgres", "IDEM_PG_URL=" + pgURL, "IDEM_PG_SCHEMA=" + schema}, []string{"pg", "migrate"}},
 		{"mysql", []string{"IDEM_STORE=mysql", "IDEM_MYSQL_DSN=" + mysqlDSN(t), "IDEM_MYSQL_TABLE=" + table}, []string{"mysql", "migrate"}},
 		// dynalite has no Time to Live.
-		{"dynamodb", dynamoEnv(t), []string{"dynamodb", "create-table", "--no-ttl"}},
+		{"dynamodb", dynamoEnv(t), []string{"dynamodb", "migrate", "--ttl", "untouched"}},
 	}
 }
 
@@ -405,7 +406,7 @@ func testListAndStats(t *testing.T, env []string) {
 		{"--cursor", "not a cursor"},
 		{"--cursor", "notacursor"},
 		{"--cursor", "notacursor", "--namespace", "page"},
-		{"--cursor", backends.ListCursor("stats:s1"), "--namespace", "page"},
+		{"--cursor", storekit.ListCursor("stats:s1"), "--namespace", "page"},
 	} {
 		r := idem(t, env, "", append([]string{"list"}, c...)...)
 		require.Equal(t, exitError, r.code, "%v: %s%s", c, r.stdout, r.stderr)
@@ -560,7 +561,7 @@ func TestIdemErrors(t *testing.T) {
 		{"wrong mysql password", []string{"IDEM_MYSQL_DSN=" + wrongPassword.FormatDSN()}, []string{"stats"}, "MySQL at " + dsn.Addr + ` answered with an error: "Error 1045`, "s3cret"},
 		{"mysql DSN without a database", []string{"IDEM_MYSQL_DSN=" + noDatabase.FormatDSN()}, []string{"stats"}, "the DSN names no database", ""},
 		{"wrong mysql table", []string{"IDEM_MYSQL_DSN=" + mysqlDSN(t), "IDEM_MYSQL_TABLE=no_such_table"}, []string{"stats"}, "has no table `" + dsn.DBName + "`.`no_such_table`: check --mysql-table and the DSN's database, or create it with `idem mysql migrate`", ""},
-		{"wrong dynamodb table", dynamo("IDEM_DYNAMO_TABLE=no_such_table"), []string{"stats"}, "has no table no_such_table: check --dynamo-table and the region, or create it with `idem dynamodb create-table`", ""},
+		{"wrong dynamodb table", dynamo("IDEM_DYNAMO_TABLE=no_such_table"), []string{"stats"}, "has no table no_such_table: check --dynamo-table and the region, or create it with `idem dynamodb migrate`", ""},
 		{"unreachable dynamodb", dynamo("IDEM_DYNAMO_ENDPOINT=http://127.0.0.1:1"), []string{"stats"}, "DynamoDB at http://127.0.0.1:1 does not answer", ""},
 		{"bad dynamodb endpoint", dynamo("IDEM_DYNAMO_ENDPOINT=ftp://x"), []string{"stats"}, `--dynamo-endpoint "ftp://x": want http://host:port`, ""},
 		{"no AWS region", append([]string{"IDEM_STORE=dynamodb"}, noAWS...), []string{"stats"}, "no AWS region for the dynamodb store: set AWS_REGION", ""},
@@ -616,10 +617,10 @@ func TestMySQLSchemaCreatesTheTable(t *testing.T) {
 	require.Equal(t, exitError, idem(t, env, "", "mysql", "cleanup", "--batch", "0").code)
 }
 
-// create-table waits for the table to become active, which takes longer
-// on DynamoDB than the other commands take: its default --timeout is
-// longer.
-func TestDynamoCreateTableTimeout(t *testing.T) {
+// dynamodb migrate waits for the table to become active, which takes
+// longer on DynamoDB than the other commands take: its default --timeout
+// is longer.
+func TestDynamoMigrateTimeout(t *testing.T) {
 	r := idem(t, []string{"IDEM_TIMEOUT="}, "", "dynamodb", "-h")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stderr, "(default 2m0s)")

@@ -49,8 +49,10 @@ type globals struct {
 	// dynamoClockSkew must be the services' dynamostore.Options.ClockSkew:
 	// idem judges leases by its own clock with that margin, as they do.
 	dynamoClockSkew time.Duration
-	output          string
-	timeout         time.Duration
+	// dynamoTTL is what `idem dynamodb migrate` does with Time to Live.
+	dynamoTTL dynamostore.TTL
+	output    string
+	timeout   time.Duration
 	// where names the store once openStore knows it ("Redis at
 	// 127.0.0.1:6379"), for describe.
 	where string
@@ -339,7 +341,7 @@ func openDynamo(ctx context.Context, g *globals, needTable bool) (operatorStore,
 			o.BaseEndpoint = aws.String(g.dynamoEndpoint)
 		}
 	})
-	s, err := dynamostore.New(client, dynamostore.Options{Table: g.dynamoTable, ClockSkew: g.dynamoClockSkew})
+	s, err := dynamostore.New(client, dynamostore.Options{Table: g.dynamoTable, ClockSkew: g.dynamoClockSkew, TTL: g.dynamoTTL})
 	if err != nil {
 		return nil, nil, usageError{err}
 	}
@@ -348,7 +350,7 @@ func openDynamo(ctx context.Context, g *globals, needTable bool) (operatorStore,
 		var missing *types.ResourceNotFoundException
 		switch {
 		case errors.As(err, &missing):
-			return nil, nil, g.failure("%s has no table %s: check --dynamo-table and the region, or create it with `idem dynamodb create-table`", where, g.dynamoTable)
+			return nil, nil, g.failure("%s has no table %s: check --dynamo-table and the region, or create it with `idem dynamodb migrate`", where, g.dynamoTable)
 		case err != nil:
 			return nil, nil, g.describe(ctx, err)
 		}

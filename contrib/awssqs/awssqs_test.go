@@ -49,7 +49,7 @@ func run(t *testing.T, endpoint string, withDefer bool, holdFor time.Duration) [
 		_, _ = client.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: created.QueueUrl})
 	})
 
-	store := memstore.New(memstore.Options{})
+	store := newMemstore()
 	holder, err := store.Acquire(ctx, backends.AcquireRequest{Key: "charge:order-1", Owner: "other-worker", LeaseTTL: holdFor, Retention: time.Hour})
 	require.NoError(t, err)
 	idem, err := idempotency.New(idempotency.Config{
@@ -166,4 +166,14 @@ func TestNewDeferValidates(t *testing.T) {
 	require.ErrorIs(t, err, awssqs.ErrInvalidConfig)
 	_, err = awssqs.NewDefer(awssqs.DeferConfig{Client: client})
 	require.NoError(t, err)
+}
+
+// newMemstore is memstore.New with the zero options, which it never
+// refuses.
+func newMemstore() *memstore.Store {
+	s, err := memstore.New(memstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	return s
 }

@@ -9,7 +9,6 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	idemotel "github.com/watermill-idempotency/idempotency/contrib/otel"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -30,10 +29,10 @@ func BenchmarkHandler(b *testing.B) {
 		observer idempotency.Observer
 		store    func() backends.Store
 	}{
-		{"mw=idempotency", nil, func() backends.Store { return memstore.New(memstore.Options{}) }},
-		{"mw=otel", obs, func() backends.Store { return memstore.New(memstore.Options{}) }},
+		{"mw=idempotency", nil, func() backends.Store { return newMemstore() }},
+		{"mw=otel", obs, func() backends.Store { return newMemstore() }},
 		{"mw=otel+store", obs, func() backends.Store {
-			s, err := idemotel.InstrumentStore(memstore.New(memstore.Options{}), idemotel.StoreConfig{MeterProvider: meters})
+			s, err := idemotel.InstrumentStore(newMemstore(), idemotel.StoreConfig{MeterProvider: meters})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -50,7 +50,7 @@ const (
 // Config.ErrorType.
 func ErrorType(err error) string {
 	switch {
-	case errors.Is(err, backends.ErrLeaseLost), errors.Is(err, idempotency.ErrLeaseLost):
+	case errors.Is(err, backends.ErrLeaseLost):
 		return ErrorLeaseLost
 	case errors.Is(err, backends.ErrInvalidRequest):
 		return ErrorInvalidRequest

@@ -50,8 +50,12 @@ func ExampleNewObserver() {
 	reader := sdkmetric.NewManualReader()
 	otel.SetMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
 
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		panic(err)
+	}
 	counters := &idempotency.Counters{}
-	idem, err := setup(memstore.New(memstore.Options{}), counters)
+	idem, err := setup(store, counters)
 	if err != nil {
 		panic(err)
 	}

@@ -26,7 +26,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
 	idemotel "github.com/watermill-idempotency/idempotency/contrib/otel"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
@@ -363,7 +362,7 @@ func TestObserverThroughGoChannelRouter(t *testing.T) {
 		pub:   ps,
 		sub:   func(*testing.T, string) message.Subscriber { return ps },
 		topic: func(name string) string { return "orders-" + name },
-	}, memstore.New(memstore.Options{}))
+	}, newMemstore())
 }
 
 func TestObserverThroughRedisStreamsRouter(t *testing.T) {

@@ -123,7 +123,7 @@ func (s *instrumented) PoolSize() int {
 // Watch implements backends.Watcher with the wrapped store's, and
 // reports not ok if the store cannot wake waiters.
 func (s *instrumented) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
-	return backends.WatchOf(ctx, s.next, key)
+	return storekit.WatchOf(ctx, s.next, key)
 }
 
 // MaxOutputBytes implements backends.OutputLimiter: the wrapped store's

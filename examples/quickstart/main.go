@@ -143,8 +143,12 @@ func run(ctx context.Context, w io.Writer) (Summary, error) {
 		}
 	})
 
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		return Summary{}, err
+	}
 	idem, err := idempotency.New(idempotency.Config{
-		Store:    memstore.New(memstore.Options{}),
+		Store:    store,
 		Key:      keyfunc.JSONField("order_id"),
 		LeaseTTL: 2 * time.Second,
 		Observer: observer,

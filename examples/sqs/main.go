@@ -347,9 +347,13 @@ func openStore(ctx context.Context, cfg config) (backends.Store, func(), error) 
 			BaseEndpoint: aws.String(cfg.dynamoEndpoint),
 			Credentials:  credentials.NewStaticCredentialsProvider("example", "example", ""),
 		})
-		store, err := dynamostore.New(client, dynamostore.Options{Table: cfg.prefix + "idem"})
+		opts := dynamostore.Options{Table: cfg.prefix + "idem"}
+		if cfg.dynamoNoTTL {
+			opts.TTL = dynamostore.TTLUntouched // the emulator has no Time to Live
+		}
+		store, err := dynamostore.New(client, opts)
 		if err == nil {
-			err = store.CreateTable(ctx, dynamostore.TableOptions{NoTTL: cfg.dynamoNoTTL})
+			err = store.Migrate(ctx)
 		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("dynamodb at %s: %w", cfg.dynamoEndpoint, err)

@@ -26,6 +26,7 @@ import (
 	wmmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 	"github.com/watermill-idempotency/idempotency/backends/storetest"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
@@ -572,7 +573,7 @@ func (c *crashable) Watch(ctx context.Context, key string) (<-chan struct{}, fun
 	if c.dead.Load() {
 		return nil, func() {}, false
 	}
-	return backends.WatchOf(ctx, c.Store, key)
+	return storekit.WatchOf(ctx, c.Store, key)
 }
 
 func (c *crashable) Release(ctx context.Context, lease backends.Lease) error {
@@ -632,7 +633,7 @@ func (h *handing) Subscribe(ctx context.Context, topic string) (<-chan *message.
 
 // Watch keeps the store's backends.Watcher.
 func (o *outage) Watch(ctx context.Context, key string) (<-chan struct{}, func(), bool) {
-	return backends.WatchOf(ctx, o.Store, key)
+	return storekit.WatchOf(ctx, o.Store, key)
 }
 
 // countingPublisher counts what the poison queue publishes.
