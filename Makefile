@@ -28,10 +28,6 @@ TESTENV := bin/testenv
 bin/testenv: tools/go.mod tools/go.sum $(wildcard tools/testenv/*.go)
 	cd tools && GOWORK=off $(GO) build -o ../bin/testenv ./testenv
 
-# staticcheck at the version tools/go.mod pins; staticcheck.conf chooses the checks.
-bin/staticcheck: tools/go.mod tools/go.sum
-	cd tools && GOWORK=off $(GO) build -o ../bin/staticcheck honnef.co/go/tools/cmd/staticcheck
-
 EXAMPLE ?= redis
 
 .PHONY: example-redis
