@@ -84,8 +84,8 @@ type Config struct {
 	// arrive. Keep it at most half the pool the store uses (go-redis:
 	// PoolSize; pgxpool: MaxConns), and lower if other middleware
 	// instances share that pool. Defaults to half the store's pool size
-	// when the store reports it (backends.PoolSizer: redisstore and
-	// pgstore do), otherwise 8.
+	// when the store reports it (backends.PoolSizer: redisstore, pgstore,
+	// and mysqlstore with a limit set by SetMaxOpenConns do), otherwise 8.
 	MaxConcurrentAcquires int
 
 	// MaxKeyBytes is the longest full key (namespace included) accepted;
