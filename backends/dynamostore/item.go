@@ -19,7 +19,7 @@ import (
 // seconds, for DynamoDB's TTL.
 const (
 	attrID        = "id"           // B, the partition key: the key's bytes
-	attrState     = "state"        // N: 1 in progress, 2 released, 3 completed
+	attrState     = "state"        // N: 1 leased (live or expired by lease_ms), 2 released, 3 completed
 	attrOwner     = "owner"        // S
 	attrToken     = "token"        // N: the fencing token
 	attrAttempt   = "attempt"      // N
@@ -35,9 +35,9 @@ const (
 
 // State values of the state attribute.
 const (
-	stateInProgress = 1
-	stateReleased   = 2
-	stateCompleted  = 3
+	stateLeased    = 1
+	stateReleased  = 2
+	stateCompleted = 3
 )
 
 // names maps every placeholder an expression may use to its attribute.
@@ -119,7 +119,7 @@ func keyOf(key string) map[string]types.AttributeValue {
 // merged in.
 func values(more map[string]types.AttributeValue) map[string]types.AttributeValue {
 	v := map[string]types.AttributeValue{
-		":zero": num(0), ":one": num(stateInProgress), ":two": num(stateReleased), ":three": num(stateCompleted),
+		":zero": num(0), ":one": num(stateLeased), ":two": num(stateReleased), ":three": num(stateCompleted),
 	}
 	maps.Copy(v, more)
 	return v
@@ -210,7 +210,7 @@ func (s *Store) judge(it item, now int64) (st backends.State, ok bool) {
 		return backends.StateCompleted, true
 	case stateReleased:
 		return backends.StateReleased, true
-	case stateInProgress:
+	case stateLeased:
 		if it.lease > old {
 			return backends.StateInProgress, true
 		}

@@ -43,7 +43,7 @@ type Store struct {
 type state uint8
 
 const (
-	stateInProgress state = iota + 1
+	stateLeased state = iota + 1
 	stateReleased
 	stateCompleted
 )
@@ -143,13 +143,13 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 		res.CompletedAt = r.completedAt
 		res.Output = bytes.Clone(r.output)
 		return res, nil
-	case r.state == stateInProgress && r.owner == req.Owner:
+	case r.state == stateLeased && r.owner == req.Owner:
 		reentrant = true
-	case r.state == stateInProgress && now.Before(r.leaseExpires):
+	case r.state == stateLeased && now.Before(r.leaseExpires):
 		res.Status = backends.InProgress
 		res.Remaining = r.leaseExpires.Sub(now)
 		return res, nil
-	case r.state == stateInProgress:
+	case r.state == stateLeased:
 		takeover = true
 	}
 	if !reentrant {
@@ -157,7 +157,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 		r.attempt++
 		r.owner = req.Owner
 	}
-	r.state = stateInProgress
+	r.state = stateLeased
 	r.retention = req.Retention
 	r.leaseExpires = now.Add(req.LeaseTTL)
 	r.forgetAt = r.leaseExpires.Add(r.retention)
@@ -191,11 +191,11 @@ func (s *Store) update(ctx context.Context, l backends.Lease, durErr error, fn f
 	defer s.mu.Unlock()
 	now := s.now()
 	r := s.live(l.Key, now)
-	if r == nil || r.state != stateInProgress || r.owner != l.Owner || r.token != l.Token {
+	if r == nil || r.state != stateLeased || r.owner != l.Owner || r.token != l.Token {
 		return backends.ErrLeaseLost
 	}
 	fn(r, now)
-	if r.state != stateInProgress {
+	if r.state != stateLeased {
 		s.wakes.Wake(l.Key) // completed or released: the waiters may go on
 	}
 	return nil

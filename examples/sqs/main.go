@@ -25,7 +25,8 @@
 //	DATABASE_URL       the Postgres of the leases with STORE=postgres
 //	                   (default postgres://postgres@127.0.0.1:5432/test?sslmode=disable)
 //	DYNAMODB_ENDPOINT  DynamoDB, with STORE=dynamodb (default SQS_ENDPOINT: LocalStack serves both)
-//	DYNAMODB_NO_TTL    set it for an emulator without TTL (dynalite)
+//	DYNAMODB_TTL       on (default): turn on the table's Time to Live; untouched: leave it
+//	                   alone, for an emulator without it (dynalite)
 //	METRICS_ADDR       where /metrics listens (default 127.0.0.1:0: a free port; the URL is printed)
 //	PREFIX             prepended to every queue, table, schema and key name (default demo-<unix
 //	                   nanoseconds>-, fresh for each run; give copies of the service the same one)
@@ -90,7 +91,7 @@ type config struct {
 	redisAddr        string
 	databaseURL      string
 	dynamoEndpoint   string
-	dynamoNoTTL      bool
+	dynamoTTL        dynamostore.TTL
 	metricsAddr      string
 	prefix           string
 }
@@ -99,6 +100,11 @@ func main() {
 	store := flag.String("store", env("STORE", "redis"), "where the leases live: redis, postgres or dynamodb")
 	serveOnly := flag.Bool("serve", false, "run the service alone, until SIGINT or SIGTERM: no demo orders, no check")
 	flag.Parse()
+	ttl := env("DYNAMODB_TTL", "on")
+	if ttl != "on" && ttl != "untouched" {
+		fmt.Printf("sqs example: DYNAMODB_TTL is %q: want on or untouched\n", ttl)
+		os.Exit(2)
+	}
 	cfg := config{
 		endpoint:       env("SQS_ENDPOINT", "http://localhost:4566"),
 		region:         env("AWS_REGION", "us-east-1"),
@@ -106,8 +112,8 @@ func main() {
 		redisAddr:      env("REDIS_ADDR", "127.0.0.1:6379"),
 		databaseURL:    env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
 		dynamoEndpoint: env("DYNAMODB_ENDPOINT", env("SQS_ENDPOINT", "http://localhost:4566")),
-		dynamoNoTTL:    os.Getenv("DYNAMODB_NO_TTL") != "",
 		metricsAddr:    env("METRICS_ADDR", "127.0.0.1:0"),
+		dynamoTTL:      map[string]dynamostore.TTL{"on": dynamostore.TTLOn, "untouched": dynamostore.TTLUntouched}[ttl],
 		prefix:         env("PREFIX", fmt.Sprintf("demo-%d-", time.Now().UnixNano())),
 	}
 	// SIGINT and SIGTERM shut the service down gracefully: the router
@@ -347,10 +353,7 @@ func openStore(ctx context.Context, cfg config) (backends.Store, func(), error) 
 			BaseEndpoint: aws.String(cfg.dynamoEndpoint),
 			Credentials:  credentials.NewStaticCredentialsProvider("example", "example", ""),
 		})
-		opts := dynamostore.Options{Table: cfg.prefix + "idem"}
-		if cfg.dynamoNoTTL {
-			opts.TTL = dynamostore.TTLUntouched // the emulator has no Time to Live
-		}
+		opts := dynamostore.Options{Table: cfg.prefix + "idem", TTL: cfg.dynamoTTL}
 		store, err := dynamostore.New(client, opts)
 		if err == nil {
 			err = store.Migrate(ctx)

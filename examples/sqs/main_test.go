@@ -39,7 +39,7 @@ func exampleEnv(t *testing.T, store, prefix string) []string {
 		"REDIS_ADDR=" + testenv.Service(t, "REDIS_ADDR"),
 		"DATABASE_URL=" + testenv.Service(t, "TEST_DATABASE_URL"),
 		"DYNAMODB_ENDPOINT=" + testenv.Service(t, "DYNAMODB_ENDPOINT"),
-		"DYNAMODB_NO_TTL=1", // dynalite has no TTL
+		"DYNAMODB_TTL=untouched", // dynalite has no Time to Live
 		"METRICS_ADDR=127.0.0.1:0",
 		"PREFIX=" + prefix,
 	}
