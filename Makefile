@@ -117,13 +117,13 @@ bench-core: ## Benchmark the middleware on the in-memory store against Watermill
 	@mkdir -p $(BENCH_DIR)
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./middleware/ | tee $(BENCH_DIR)/middleware.txt
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./keyfunc/ | tee $(BENCH_DIR)/keyfunc.txt
-	cd contrib/otel && $(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) . | tee ../../$(BENCH_DIR)/otel.txt
+	cd contrib/otel && $(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) . | tee $(abspath $(BENCH_DIR))/otel.txt
 	@echo; echo "== middleware per message, against Watermill's Deduplicator (base) and no middleware"
-	cd tools && GOWORK=off $(GO) tool benchstat -col '/mw@(deduplicator idempotency none)' ../$(BENCH_DIR)/middleware.txt
+	cd tools && GOWORK=off $(GO) tool benchstat -col '/mw@(deduplicator idempotency none)' $(abspath $(BENCH_DIR))/middleware.txt
 	@echo; echo "== the OpenTelemetry observer and instrumented store, against the plain middleware (base)"
-	cd tools && GOWORK=off $(GO) tool benchstat -col '/mw@(idempotency otel otel+store)' ../$(BENCH_DIR)/otel.txt
+	cd tools && GOWORK=off $(GO) tool benchstat -col '/mw@(idempotency otel otel+store)' $(abspath $(BENCH_DIR))/otel.txt
 	@echo; echo "== key extraction"
-	cd tools && GOWORK=off $(GO) tool benchstat ../$(BENCH_DIR)/keyfunc.txt
+	cd tools && GOWORK=off $(GO) tool benchstat $(abspath $(BENCH_DIR))/keyfunc.txt
 
 # The release tool (tools/release) serves every module at the version from
 # a module proxy of its own in a temporary directory: docs/releasing.md.
