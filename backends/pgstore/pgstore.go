@@ -83,6 +83,7 @@ type Store struct {
 	poolSize int
 	channel  string
 	listener *listener // nil if the store cannot watch
+	batcher  *batcher
 }
 
 type statements struct {
@@ -198,6 +199,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if opts.Wake == WakeNotify {
 		s.listener = newListener(pool, channel)
 	}
+	s.batcher = newBatcher(pool, max(1, s.poolSize/4))
 	return s, nil
 }
 
@@ -302,8 +304,10 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	if req.Fingerprint != nil {
 		fingerprintArgs = req.Fingerprint
 	}
-	err := s.pool.QueryRow(ctx, s.sql.acquire, []byte(req.Key), req.Owner, us(req.LeaseTTL), us(req.Retention), fingerprintArgs).
-		Scan(&state, &owner, &token, &attempt, &how, &leaseExp, &completedAt, &fp, &output, &now)
+	key := []byte(req.Key)
+	err := s.batcher.do(&call{ctx: ctx, key: key, sql: s.sql.acquire,
+		args: []any{key, req.Owner, us(req.LeaseTTL), us(req.Retention), fingerprintArgs},
+		dest: []any{&state, &owner, &token, &attempt, &how, &leaseExp, &completedAt, &fp, &output, &now}})
 	if err != nil {
 		return backends.AcquireResult{}, opError("acquire", err)
 	}
@@ -335,13 +339,24 @@ func nilIfEmpty(b []byte) []byte {
 	return b
 }
 
-// held runs on db (the store's pool, or the caller's transaction) an
-// UPDATE that matches only the lease's own live record.
+// held runs an UPDATE that matches only the lease's own live record: on
+// db (the store's pool, or the caller's transaction), or through the
+// store's batcher if db is nil.
 func (s *Store) held(ctx context.Context, db execer, op, sql string, lease backends.Lease, args ...any) error {
 	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
-	tag, err := db.Exec(ctx, sql, append([]any{[]byte(lease.Key), lease.Owner, lease.Token}, args...)...)
+	key := []byte(lease.Key)
+	args = append([]any{key, lease.Owner, lease.Token}, args...)
+	var tag pgconn.CommandTag
+	var err error
+	if db == nil {
+		c := &call{ctx: ctx, key: key, sql: sql, args: args}
+		err = s.batcher.do(c)
+		tag = c.tag
+	} else {
+		tag, err = db.Exec(ctx, sql, args...)
+	}
 	if err != nil {
 		return opError(op, err)
 	}
@@ -356,12 +371,14 @@ func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Durati
 	if err := storekit.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
+	// Alone, never batched: a renewal waits for its row's lock while the
+	// handler's CompleteTx holds it, and must not hold up other calls.
 	return s.held(ctx, s.pool, "renew", s.sql.renew, lease, us(ttl))
 }
 
 // Complete implements [backends.Store].
 func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
-	return s.complete(ctx, s.pool, lease, output)
+	return s.complete(ctx, nil, lease, output)
 }
 
 // CompleteTx completes the lease inside tx, the transaction in which the
@@ -386,7 +403,7 @@ func (s *Store) complete(ctx context.Context, db execer, lease backends.Lease, o
 
 // Release implements [backends.Store].
 func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
-	return s.held(ctx, s.pool, "release", s.sql.release, lease)
+	return s.held(ctx, nil, "release", s.sql.release, lease)
 }
 
 // Inspect implements [backends.Store].
