@@ -87,8 +87,18 @@ func run(dsn string, clients int, duration time.Duration, rounds int) error {
 	ours := func(store *mysqlstore.Store) (func(ctx context.Context, key string) error, error) {
 		return load.StoreCycle(store), nil
 	}
-	var raws, ourRuns []float64
-	measure := func(op func(*mysqlstore.Store) (func(context.Context, string) error, error), into *[]float64) error {
+	server, err := findServer(ctx, db)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mysqlbench: server CPU not measured:", err)
+	}
+	// Per measurement: cycles per second, the server's CPU and ours per
+	// cycle, and one client's median cycle.
+	type measured struct {
+		rates                 []float64
+		server, client, alone []time.Duration
+	}
+	var raws, ourRuns measured
+	measure := func(op func(*mysqlstore.Store) (func(context.Context, string) error, error), into *measured) error {
 		store, drop, err := fresh()
 		defer func() {
 			if drop != nil {
@@ -102,8 +112,29 @@ func run(dsn string, clients int, duration time.Duration, rounds int) error {
 		if err != nil {
 			return err
 		}
+		var before time.Duration
+		if server.pid != 0 {
+			if before, err = server.used(); err != nil {
+				return err
+			}
+		}
+		self, start := selfCPU(), time.Now()
 		v, err := load.Cycles(clients, duration, cycle)
-		*into = append(*into, v)
+		if err != nil {
+			return err
+		}
+		cycles := v * time.Since(start).Seconds()
+		into.rates = append(into.rates, v)
+		into.client = append(into.client, time.Duration(float64(selfCPU()-self)/cycles))
+		if server.pid != 0 {
+			after, err := server.used()
+			if err != nil {
+				return err
+			}
+			into.server = append(into.server, time.Duration(float64(after-before)/cycles))
+		}
+		alone, err := load.Sequential(loneCycles, cycle)
+		into.alone = append(into.alone, alone)
 		return err
 	}
 	if err := load.Rounds(rounds,
@@ -115,9 +146,29 @@ func run(dsn string, clients int, duration time.Duration, rounds int) error {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "MySQL store benchmark on %s: %d clients, %v per run, median of %d rounds\n\n", version, clients, duration, rounds)
 	fmt.Fprintln(w, "its two statements, raw\tour Acquire+Complete\tratio\tgoal\t")
-	r, o := load.Median(raws), load.Median(ourRuns)
+	r, o := load.Median(raws.rates), load.Median(ourRuns.rates)
 	fmt.Fprintf(w, "%.0f cycles/s\t%.0f cycles/s\t%.3f\t≥ 0.80\t\n", r, o, o/r)
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "per cycle\tits two statements, raw\tour Acquire+Complete\tratio\t")
+	row := func(name string, raw, ours []time.Duration) {
+		if len(raw) == 0 {
+			return
+		}
+		r, o := load.MedianDuration(raw), load.MedianDuration(ours)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%.3f\t\n", name, micros(r), micros(o), float64(o)/float64(r))
+	}
+	row("server CPU", raws.server, ourRuns.server)
+	row("client CPU", raws.client, ourRuns.client)
+	row("one client, median", raws.alone, ourRuns.alone)
 	return w.Flush()
+}
+
+// loneCycles is how many cycles one client runs, one after another, for
+// the median latency.
+const loneCycles = 500
+
+func micros(d time.Duration) string {
+	return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
 }
 
 // The key and owner of the cycle that statements records.
