@@ -11,3 +11,20 @@ func DetectFlavor(ctx context.Context, s *Store) (Flavor, error) { return s.dete
 func AcquireUpsert(s *Store) (query string, names []string) {
 	return s.sql.acquire.sql, s.sql.acquire.names
 }
+
+// KeyStatements returns the statements that find a record by its key, by
+// name, with ? placeholders: key first, then, for those that check a
+// lease, its owner and token.
+func KeyStatements(s *Store) map[string]string {
+	return map[string]string{
+		"acquire read": s.sql.acquireRead,
+		"still held":   s.sql.stillHeld,
+		"inspect":      s.sql.inspect,
+		"delete live":  s.sql.deleteLive,
+		"delete any":   s.sql.deleteAny,
+		// The lease's updates bind their own values first.
+		"renew":    s.sql.renew,
+		"complete": s.sql.complete,
+		"release":  s.sql.release,
+	}
+}

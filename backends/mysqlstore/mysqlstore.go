@@ -81,6 +81,8 @@ type Store struct {
 
 	mu     sync.Mutex
 	flavor Flavor // detected, or opts.Flavor
+
+	prepared sync.Map // SQL → *sql.Stmt: the calls' statements, prepared once
 }
 
 // statement is SQL with ? placeholders and the names of its parameters,
@@ -270,6 +272,28 @@ func migrateLock(qualified string) string {
 	return "mysqlstore:migrate:" + hex.EncodeToString(sum[:20])
 }
 
+// stmt returns query prepared on s.db, preparing it on first use. A
+// prepared statement is parsed by the server once per connection and
+// then sent as its id and arguments, one round trip; a query with
+// arguments that is not prepared costs, with the driver's defaults, a
+// prepare, an execute and a close, two round trips and a parse, every
+// time. database/sql prepares the statement again on each connection
+// that runs it.
+func (s *Store) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	if st, ok := s.prepared.Load(query); ok {
+		return st.(*sql.Stmt), nil
+	}
+	st, err := s.db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if old, loaded := s.prepared.LoadOrStore(query, st); loaded {
+		_ = st.Close() // another call prepared it meanwhile
+		return old.(*sql.Stmt), nil
+	}
+	return st, nil
+}
+
 // detectFlavor returns the dialect the store uses, detecting it if it was
 // not given and has not been yet.
 func (s *Store) detectFlavor(ctx context.Context) (Flavor, error) {
@@ -381,7 +405,11 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	var row acquired
 	err = retry(ctx, func() error {
 		if flavor == FlavorMariaDB {
-			return row.scan(s.db.QueryRowContext(ctx, s.sql.acquireReturning, args...))
+			st, err := s.stmt(ctx, s.sql.acquireReturning)
+			if err != nil {
+				return err
+			}
+			return row.scan(st.QueryRowContext(ctx, args...))
 		}
 		return s.acquireInTx(ctx, args, &row)
 	})
@@ -472,8 +500,9 @@ func (s *Store) held(ctx context.Context, db Execer, op, query string, lease bac
 	}
 	args = append(args, []byte(lease.Key), []byte(lease.Owner), lease.Token)
 	var n int64
+	exec := db.ExecContext
 	run := func() error {
-		res, err := db.ExecContext(ctx, query, args...)
+		res, err := exec(ctx, query, args...)
 		if err != nil {
 			return err
 		}
@@ -482,6 +511,14 @@ func (s *Store) held(ctx context.Context, db Execer, op, query string, lease bac
 	}
 	var err error
 	if _, own := db.(*sql.DB); own {
+		// The store's own pool: the statement prepared, once.
+		exec = func(ctx context.Context, query string, args ...any) (sql.Result, error) {
+			st, err := s.stmt(ctx, query)
+			if err != nil {
+				return nil, err
+			}
+			return st.ExecContext(ctx, args...)
+		}
 		err = retry(ctx, run) // a statement of its own: rolled back alone, run again
 	} else {
 		// The caller's transaction: a deadlock rolled all of it back, so a

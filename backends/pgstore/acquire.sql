@@ -14,7 +14,7 @@
 WITH kept AS (
     SELECT state, owner, token, attempt, how, lease_expires_at, completed_at, fingerprint, output, now() AS now
     FROM {{.Table}} AS r
-    WHERE key = $1 AND r.forget_at > now()
+    WHERE key = $1 AND {{.Live}}(r.forget_at)
       AND (r.state = 3 OR (r.state = 1 AND r.owner <> $2::text AND r.lease_expires_at > now()))
       AND (r.fingerprint IS NOT NULL OR $5::bytea IS NULL)
 ), taken AS (

@@ -21,6 +21,20 @@
 // UPDATEs that match only the lease's own owner and fencing token. Keys are
 // stored as bytea, so any bytes, NUL included, are a key.
 //
+// Each statement that finds a record by its key calls a function that
+// Migrate creates, declared expensive, on the row it finds, so that its
+// plan stays a lookup of the primary key whatever the table's statistics
+// say (a table analyzed while empty would otherwise get sequential scans).
+//
+// # Calls sent together
+//
+// Acquire, Complete and Release calls that arrive while as many batches
+// as a quarter of the pool's connections are in flight queue, and are
+// sent together when one comes back: one round trip and one transaction
+// for all of them, their rows locked in key order. A call that does not
+// have to queue is sent at once, alone. If Postgres refuses a statement of
+// a batch, each of its calls is sent again alone.
+//
 // # Exactly-once effects
 //
 // A lease alone gives at most one holder at a time, not exactly-once

@@ -13,3 +13,11 @@ func SetListenIdle(d time.Duration) (restore func()) {
 // Channel is the channel on which the store's statements notify a key's
 // watchers, and which its listener listens to.
 func Channel(s *Store) string { return s.channel }
+
+// Queued returns how many calls wait in the store's batcher for a batch
+// to come back.
+func Queued(s *Store) int {
+	s.batcher.mu.Lock()
+	defer s.batcher.mu.Unlock()
+	return len(s.batcher.queue)
+}

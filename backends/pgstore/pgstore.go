@@ -83,6 +83,7 @@ type Store struct {
 	poolSize int
 	channel  string
 	listener *listener // nil if the store cannot watch
+	batcher  *batcher
 }
 
 type statements struct {
@@ -103,8 +104,11 @@ const (
 	reentrantSQL  = `(r.forget_at > now() AND r.state = 1 AND r.owner = excluded.owner)`
 )
 
-// inProgress holds for a row whose lease is live.
-const inProgress = `state = 1 AND lease_expires_at > now() AND forget_at > now()`
+// liveFunc is the function, in the store's schema, that tells whether a
+// record still counts (schema.sql); the statements that find a record by
+// its key call it on the row they find, which keeps their plans on the
+// primary key.
+const liveFunc = "idempotency_live"
 
 // New returns a store on pool, which it shares with the application: it
 // takes a connection for each call, and one for good for its listener
@@ -129,7 +133,11 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("pgstore: %w: schema or table name too long for Postgres (63 bytes; the table's index adds %d to the table's)", backends.ErrInvalidOptions, len(indexSuffix))
 	}
 	table := pgx.Identifier{opts.Schema, opts.Table}.Sanitize()
+	live := pgx.Identifier{opts.Schema, liveFunc}.Sanitize()
+	// inProgress holds for a row whose lease is live.
+	inProgress := `state = 1 AND lease_expires_at > now() AND ` + live + `(forget_at)`
 	vars := map[string]string{
+		"Live":       live,
 		"Schema":     pgx.Identifier{opts.Schema}.Sanitize(),
 		"Table":      table,
 		"Index":      pgx.Identifier{opts.Table + indexSuffix}.Sanitize(),
@@ -145,7 +153,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		template.Must(template.New("").Parse(src)).Execute(&b, vars) // fixed templates: cannot fail
 		return b.String()
 	}
-	held := `key = $1 AND owner = $2 AND token = $3 AND state = 1 AND forget_at > now()`
+	held := `key = $1 AND owner = $2 AND token = $3 AND state = 1 AND ` + live + `(forget_at)`
 	// A statement that ends a lease or deletes a record notifies the
 	// key's watchers if a watch marked its row (waited), in the same
 	// statement, on the row as it locked it; an UPDATE clears the mark as
@@ -155,9 +163,10 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	notified := `CASE WHEN waited THEN ` + notifySQL(channel, true) + ` END AS notified`
 	s := &Store{pool: pool, opts: opts, poolSize: int(pool.Config().MaxConns), channel: channel, sql: statements{
 		schema: render(schemaSQL),
-		// Whether the table, its last added column and its index exist:
-		// then Migrate has nothing to do and takes no lock.
+		// Whether the table, its last added column, its index and the
+		// function exist: then Migrate has nothing to do and takes no lock.
 		current: `SELECT to_regclass(` + quoteLiteral(pgx.Identifier{opts.Schema, opts.Table + indexSuffix}.Sanitize()) + `) IS NOT NULL
+			AND to_regprocedure(` + quoteLiteral(live+`(timestamptz)`) + `) IS NOT NULL
 			AND EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(` + quoteLiteral(table) + `)
 				AND attname = 'waited' AND NOT attisdropped)`,
 		acquire: render(acquireSQL),
@@ -167,7 +176,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 			forget_at = now() + retention_us * interval '1 microsecond', ` + clearWaited + ` WHERE ` + held,
 		release: `UPDATE ` + table + ` SET state = 2,
 			forget_at = now() + retention_us * interval '1 microsecond', ` + clearWaited + ` WHERE ` + held,
-		inspect: `SELECT ` + recordColumns + ` FROM ` + table + ` WHERE key = $1 AND forget_at > now()`,
+		inspect: `SELECT ` + recordColumns + ` FROM ` + table + ` WHERE key = $1 AND ` + live + `(forget_at)`,
 		list: `SELECT ` + recordColumns + ` FROM ` + table + `
 			WHERE forget_at > now() AND key > $1 AND key >= $2 AND ($3::bytea IS NULL OR key < $3) AND ` + stateFilter + `
 			ORDER BY key LIMIT $5`,
@@ -175,7 +184,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 				count(*) FILTER (WHERE state = 1 AND lease_expires_at <= now()),
 				count(*) FILTER (WHERE state = 2), count(*) FILTER (WHERE state = 3)
 			FROM ` + table + ` WHERE forget_at > now() AND key >= $1 AND ($2::bytea IS NULL OR key < $2)`,
-		delete: `WITH d AS (DELETE FROM ` + table + ` WHERE key = $1 RETURNING forget_at > now() AS live, ` + notified + `)
+		// The function's answer is not needed here, only its cost.
+		delete: `WITH d AS (DELETE FROM ` + table + ` WHERE key = $1 AND ` + live + `(forget_at) IS NOT NULL RETURNING forget_at > now() AS live, ` + notified + `)
 			SELECT count(*) FILTER (WHERE live), count(notified) FROM d`,
 		cleanup: `WITH d AS (DELETE FROM ` + table + ` WHERE key IN (SELECT key FROM ` + table + `
 			WHERE forget_at <= now() ORDER BY forget_at LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING ` + notified + `)
@@ -189,6 +199,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if opts.Wake == WakeNotify {
 		s.listener = newListener(pool, channel)
 	}
+	s.batcher = newBatcher(pool, max(1, s.poolSize/4))
 	return s, nil
 }
 
@@ -293,8 +304,10 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	if req.Fingerprint != nil {
 		fingerprintArgs = req.Fingerprint
 	}
-	err := s.pool.QueryRow(ctx, s.sql.acquire, []byte(req.Key), req.Owner, us(req.LeaseTTL), us(req.Retention), fingerprintArgs).
-		Scan(&state, &owner, &token, &attempt, &how, &leaseExp, &completedAt, &fp, &output, &now)
+	key := []byte(req.Key)
+	err := s.batcher.do(&call{ctx: ctx, key: key, sql: s.sql.acquire,
+		args: []any{key, req.Owner, us(req.LeaseTTL), us(req.Retention), fingerprintArgs},
+		dest: []any{&state, &owner, &token, &attempt, &how, &leaseExp, &completedAt, &fp, &output, &now}})
 	if err != nil {
 		return backends.AcquireResult{}, opError("acquire", err)
 	}
@@ -326,13 +339,24 @@ func nilIfEmpty(b []byte) []byte {
 	return b
 }
 
-// held runs on db (the store's pool, or the caller's transaction) an
-// UPDATE that matches only the lease's own live record.
+// held runs an UPDATE that matches only the lease's own live record: on
+// db (the store's pool, or the caller's transaction), or through the
+// store's batcher if db is nil.
 func (s *Store) held(ctx context.Context, db execer, op, sql string, lease backends.Lease, args ...any) error {
 	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
-	tag, err := db.Exec(ctx, sql, append([]any{[]byte(lease.Key), lease.Owner, lease.Token}, args...)...)
+	key := []byte(lease.Key)
+	args = append([]any{key, lease.Owner, lease.Token}, args...)
+	var tag pgconn.CommandTag
+	var err error
+	if db == nil {
+		c := &call{ctx: ctx, key: key, sql: sql, args: args}
+		err = s.batcher.do(c)
+		tag = c.tag
+	} else {
+		tag, err = db.Exec(ctx, sql, args...)
+	}
 	if err != nil {
 		return opError(op, err)
 	}
@@ -347,12 +371,14 @@ func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Durati
 	if err := storekit.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
+	// Alone, never batched: a renewal waits for its row's lock while the
+	// handler's CompleteTx holds it, and must not hold up other calls.
 	return s.held(ctx, s.pool, "renew", s.sql.renew, lease, us(ttl))
 }
 
 // Complete implements [backends.Store].
 func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
-	return s.complete(ctx, s.pool, lease, output)
+	return s.complete(ctx, nil, lease, output)
 }
 
 // CompleteTx completes the lease inside tx, the transaction in which the
@@ -377,7 +403,7 @@ func (s *Store) complete(ctx context.Context, db execer, lease backends.Lease, o
 
 // Release implements [backends.Store].
 func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
-	return s.held(ctx, s.pool, "release", s.sql.release, lease)
+	return s.held(ctx, nil, "release", s.sql.release, lease)
 }
 
 // Inspect implements [backends.Store].

@@ -28,3 +28,15 @@ ALTER TABLE {{.Table}} ADD COLUMN IF NOT EXISTS waited boolean NOT NULL DEFAULT 
 
 -- Cleanup deletes the oldest forgotten records first.
 CREATE INDEX IF NOT EXISTS {{.Index}} ON {{.Table}} (forget_at);
+
+-- Whether a record still counts: its forget_at is to come. Every statement
+-- that finds a record by its key asks this of the row it found. The
+-- declared cost keeps those statements on the primary key whatever the
+-- table's statistics say: a plan that would read more rows than the key's
+-- one (a sequential scan, a scan of the forget_at index) would call it on
+-- every row it reads, and costs accordingly. Without it, a prepared
+-- statement's generic plan made while the table was small and analyzed
+-- empty stays a sequential scan as the table grows.
+CREATE OR REPLACE FUNCTION {{.Schema}}.idempotency_live(forget_at timestamptz) RETURNS boolean
+    LANGUAGE plpgsql STABLE PARALLEL SAFE COST 10000
+    AS $$BEGIN RETURN forget_at > pg_catalog.now(); END$$;

@@ -1,6 +1,7 @@
 // Command mysqlbench measures the MySQL store against its own two
 // statements, Acquire's upsert with RETURNING and Complete's update, as
-// the store sends them, run raw through the same driver and pool
+// the store sends them, run raw, prepared once and unprepared, through
+// the same driver and pool
 // (database/sql, go-sql-driver/mysql), on the same server, at the same
 // concurrency, in one run. MariaDB 10.5 or later: on MySQL, Acquire is
 // not one statement.
@@ -66,29 +67,62 @@ func run(dsn string, clients int, duration time.Duration, rounds int) error {
 		drop := func() { db.Exec("DROP TABLE IF EXISTS `" + table + "`") } //nolint:errcheck
 		return store, drop, store.Migrate(ctx)
 	}
-	raw := func(store *mysqlstore.Store) (func(ctx context.Context, key string) error, error) {
-		acquire, complete, err := statements(ctx, dsn, store)
-		if err != nil {
-			return nil, err
+	// raw runs the store's two statements itself: prepared once, as the
+	// store sends them, or unprepared, as it sent them before, which with
+	// the driver's defaults prepares, executes and closes each every time.
+	raw := func(prepared bool) func(store *mysqlstore.Store) (func(ctx context.Context, key string) error, error) {
+		return func(store *mysqlstore.Store) (func(ctx context.Context, key string) error, error) {
+			acquire, complete, err := statements(ctx, dsn, store)
+			if err != nil {
+				return nil, err
+			}
+			query := db.QueryContext
+			exec := db.ExecContext
+			if prepared {
+				acq, err := db.PrepareContext(ctx, acquire.query)
+				if err != nil {
+					return nil, err
+				}
+				compl, err := db.PrepareContext(ctx, complete.query)
+				if err != nil {
+					return nil, err
+				}
+				query = func(ctx context.Context, _ string, args ...any) (*sql.Rows, error) {
+					return acq.QueryContext(ctx, args...)
+				}
+				exec = func(ctx context.Context, _ string, args ...any) (sql.Result, error) {
+					return compl.ExecContext(ctx, args...)
+				}
+			}
+			return func(ctx context.Context, key string) error {
+				rows, err := query(ctx, acquire.query, acquire.with(key, 0)...)
+				if err != nil {
+					return err
+				}
+				token, err := scanToken(rows)
+				if err != nil {
+					return err
+				}
+				_, err = exec(ctx, complete.query, complete.with(key, token)...)
+				return err
+			}, nil
 		}
-		return func(ctx context.Context, key string) error {
-			rows, err := db.QueryContext(ctx, acquire.query, acquire.with(key, 0)...)
-			if err != nil {
-				return err
-			}
-			token, err := scanToken(rows)
-			if err != nil {
-				return err
-			}
-			_, err = db.ExecContext(ctx, complete.query, complete.with(key, token)...)
-			return err
-		}, nil
 	}
 	ours := func(store *mysqlstore.Store) (func(ctx context.Context, key string) error, error) {
 		return load.StoreCycle(store), nil
 	}
-	var raws, ourRuns []float64
-	measure := func(op func(*mysqlstore.Store) (func(context.Context, string) error, error), into *[]float64) error {
+	server, err := findServer(ctx, db)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mysqlbench: server CPU not measured:", err)
+	}
+	// Per measurement: cycles per second, the server's CPU and ours per
+	// cycle, and one client's median cycle.
+	type measured struct {
+		rates                 []float64
+		server, client, alone []time.Duration
+	}
+	var raws, unprepared, ourRuns measured
+	measure := func(op func(*mysqlstore.Store) (func(context.Context, string) error, error), into *measured) error {
 		store, drop, err := fresh()
 		defer func() {
 			if drop != nil {
@@ -102,22 +136,62 @@ func run(dsn string, clients int, duration time.Duration, rounds int) error {
 		if err != nil {
 			return err
 		}
+		var before time.Duration
+		if server.pid != 0 {
+			if before, err = server.used(); err != nil {
+				return err
+			}
+		}
+		self, start := selfCPU(), time.Now()
 		v, err := load.Cycles(clients, duration, cycle)
-		*into = append(*into, v)
+		if err != nil {
+			return err
+		}
+		cycles := v * time.Since(start).Seconds()
+		into.rates = append(into.rates, v)
+		into.client = append(into.client, time.Duration(float64(selfCPU()-self)/cycles))
+		if server.pid != 0 {
+			after, err := server.used()
+			if err != nil {
+				return err
+			}
+			into.server = append(into.server, time.Duration(float64(after-before)/cycles))
+		}
+		alone, err := load.Sequential(loneCycles, cycle)
+		into.alone = append(into.alone, alone)
 		return err
 	}
 	if err := load.Rounds(rounds,
-		func() error { return measure(raw, &raws) },
+		func() error { return measure(raw(true), &raws) },
 		func() error { return measure(ours, &ourRuns) },
+		func() error { return measure(raw(false), &unprepared) },
 	); err != nil {
 		return err
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "MySQL store benchmark on %s: %d clients, %v per run, median of %d rounds\n\n", version, clients, duration, rounds)
-	fmt.Fprintln(w, "its two statements, raw\tour Acquire+Complete\tratio\tgoal\t")
-	r, o := load.Median(raws), load.Median(ourRuns)
-	fmt.Fprintf(w, "%.0f cycles/s\t%.0f cycles/s\t%.3f\t≥ 0.80\t\n", r, o, o/r)
+	fmt.Fprintln(w, "\tits two statements, raw, unprepared\tthe same, prepared once\tour Acquire+Complete\tours / prepared\tprepared / unprepared\t")
+	u, r, o := load.Median(unprepared.rates), load.Median(raws.rates), load.Median(ourRuns.rates)
+	fmt.Fprintf(w, "cycles/s\t%.0f\t%.0f\t%.0f\t%.3f (goal ≥ 0.80)\t%.3f\t\n", u, r, o, o/r, r/u)
+	row := func(name string, unprep, raw, ours []time.Duration) {
+		if len(raw) == 0 {
+			return
+		}
+		u, r, o := load.MedianDuration(unprep), load.MedianDuration(raw), load.MedianDuration(ours)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%.3f\t%.3f\t\n", name, micros(u), micros(r), micros(o), float64(o)/float64(r), float64(r)/float64(u))
+	}
+	row("server CPU per cycle", unprepared.server, raws.server, ourRuns.server)
+	row("client CPU per cycle", unprepared.client, raws.client, ourRuns.client)
+	row("one client, median cycle", unprepared.alone, raws.alone, ourRuns.alone)
 	return w.Flush()
+}
+
+// loneCycles is how many cycles one client runs, one after another, for
+// the median latency.
+const loneCycles = 500
+
+func micros(d time.Duration) string {
+	return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
 }
 
 // The key and owner of the cycle that statements records.

@@ -42,6 +42,18 @@ func main() {
 type result struct {
 	name        string
 	limit, ours float64
+	// Server CPU per cycle under pgbench and under ours, our client's CPU
+	// per cycle (zero where not measured), and one client's median
+	// Acquire+Complete.
+	limitCPU, oursCPU, clientCPU time.Duration
+	lone                         time.Duration
+}
+
+// run is one measurement: cycles per second, and CPU per cycle.
+type measured struct {
+	rate           float64
+	server, client time.Duration
+	cycles         float64
 }
 
 func run(url string, clients int, duration time.Duration, rounds int) error {
@@ -58,6 +70,37 @@ func run(url string, clients int, duration time.Duration, rounds int) error {
 	defer pool.Close()
 	schema := fmt.Sprintf("pgbench_idem_%d", time.Now().UnixNano()%1e9)
 	defer pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck
+
+	server, err := findServer(ctx, pool)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pgbench: server CPU not measured:", err)
+	}
+	// cpu runs fn, which reports how many cycles it ran, and returns the
+	// server's CPU and ours per cycle.
+	cpu := func(fn func() (float64, error)) (measured, error) {
+		var before time.Duration
+		if server.postmaster != 0 {
+			if before, err = server.used(); err != nil {
+				return measured{}, err
+			}
+		}
+		self := selfCPU()
+		start := time.Now()
+		rate, err := fn()
+		if err != nil {
+			return measured{}, err
+		}
+		m := measured{rate: rate, cycles: rate * time.Since(start).Seconds()}
+		m.client = time.Duration(float64(selfCPU()-self) / m.cycles)
+		if server.postmaster != 0 {
+			after, err := server.used()
+			if err != nil {
+				return measured{}, err
+			}
+			m.server = time.Duration(float64(after-before) / m.cycles)
+		}
+		return m, nil
+	}
 
 	var results []result
 	tables := 0
@@ -77,6 +120,7 @@ func run(url string, clients int, duration time.Duration, rounds int) error {
 		// Each measurement gets a fresh table, and the two alternate which
 		// goes first, so neither inherits the other's rows or vacuum work.
 		var limits, ourRuns []float64
+		var limitCPU, ourCPU, clientCPU, lone []time.Duration
 		for round := range rounds {
 			steps := []func() error{
 				func() error {
@@ -84,8 +128,8 @@ func run(url string, clients int, duration time.Duration, rounds int) error {
 					if err != nil {
 						return err
 					}
-					v, err := pgbench(url, store, clients, duration)
-					limits = append(limits, v)
+					m, err := cpu(func() (float64, error) { return pgbench(url, store, clients, duration) })
+					limits, limitCPU = append(limits, m.rate), append(limitCPU, m.server)
 					return err
 				},
 				func() error {
@@ -93,8 +137,13 @@ func run(url string, clients int, duration time.Duration, rounds int) error {
 					if err != nil {
 						return err
 					}
-					v, err := load.Cycles(clients, duration, load.StoreCycle(store))
-					ourRuns = append(ourRuns, v)
+					m, err := cpu(func() (float64, error) { return load.Cycles(clients, duration, load.StoreCycle(store)) })
+					if err != nil {
+						return err
+					}
+					ourRuns, ourCPU, clientCPU = append(ourRuns, m.rate), append(ourCPU, m.server), append(clientCPU, m.client)
+					l, err := load.Sequential(loneCycles, load.StoreCycle(store))
+					lone = append(lone, l)
 					return err
 				},
 			}
@@ -104,7 +153,9 @@ func run(url string, clients int, duration time.Duration, rounds int) error {
 				}
 			}
 		}
-		results = append(results, result{name: name, limit: load.Median(limits), ours: load.Median(ourRuns)})
+		results = append(results, result{name: name, limit: load.Median(limits), ours: load.Median(ourRuns),
+			limitCPU: load.MedianDuration(limitCPU), oursCPU: load.MedianDuration(ourCPU),
+			clientCPU: load.MedianDuration(clientCPU), lone: load.MedianDuration(lone)})
 	}
 
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -113,7 +164,21 @@ func run(url string, clients int, duration time.Duration, rounds int) error {
 	for _, r := range results {
 		fmt.Fprintf(w, "%s\t%.0f tx/s\t%.0f cycles/s\t%.3f\t≥ 0.80\t\n", r.name, r.limit, r.ours, r.ours/r.limit)
 	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "table\tserver CPU per pgbench tx\tserver CPU per cycle of ours\tratio\tour client's CPU per cycle\tone client, Acquire+Complete\t")
+	for _, r := range results {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%.3f\t%s\t%s\t\n", r.name, micros(r.limitCPU), micros(r.oursCPU),
+			float64(r.oursCPU)/float64(r.limitCPU), micros(r.clientCPU), micros(r.lone))
+	}
 	return w.Flush()
+}
+
+// loneCycles is how many cycles one client runs, one after another, for
+// the median latency.
+const loneCycles = 500
+
+func micros(d time.Duration) string {
+	return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
 }
 
 // pgbench runs the store's own two statements, acquire and complete, as

@@ -1,0 +1,117 @@
+package pgstore_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/pgstore"
+	"github.com/watermill-idempotency/idempotency/internal/testserver"
+)
+
+// batches is a pgx tracer that keeps the size of every batch sent.
+type batches struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (b *batches) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (b *batches) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (b *batches) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.sizes = append(b.sizes, data.Batch.Len())
+	return ctx
+}
+func (b *batches) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (b *batches) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// Calls that queue while another is in flight go out together, as one
+// batch; a statement Postgres refuses rolls the batch back, and every
+// call of it is then sent again alone: the refusal is that call's error,
+// never another's.
+func TestBatchRefusedCallIsNotAnothersError(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testserver.PostgresURL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 4 // one batch in flight at a time
+	traced := &batches{}
+	cfg.ConnConfig.Tracer = traced
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store := newStore(t, pool, pgstore.Options{Wake: pgstore.WakePoll})
+	table := `"` + store.Options().Schema + `"."` + store.Options().Table + `"`
+	_, err = pool.Exec(ctx, `ALTER TABLE `+table+` ADD CONSTRAINT refused CHECK (owner <> 'refused')`)
+	require.NoError(t, err)
+
+	// Another transaction inserts the key "held" and keeps it
+	// uncommitted: an Acquire of it waits, in flight, until it ends.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `INSERT INTO `+table+` (key, state, owner, token, attempt, lease_expires_at, retention_us, forget_at)
+		VALUES ('held', 2, 'x', 1, 1, now(), 0, now() + interval '1 hour')`)
+	require.NoError(t, err)
+	acquire := func(key, owner string) (backends.AcquireResult, error) {
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		return store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour})
+	}
+	first := make(chan error, 1)
+	go func() {
+		_, err := acquire("held", "first")
+		first <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%Takes the lease%')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the first Acquire waits for the row")
+
+	const queued = 6
+	type result struct {
+		owner string
+		res   backends.AcquireResult
+		err   error
+	}
+	results := make(chan result, queued)
+	for i := range queued {
+		owner := fmt.Sprintf("owner-%d", i)
+		if i == queued/2 {
+			owner = "refused"
+		}
+		go func() {
+			res, err := acquire("key-"+owner, owner)
+			results <- result{owner, res, err}
+		}()
+	}
+	require.Eventually(t, func() bool { return pgstore.Queued(store) == queued }, 10*time.Second, time.Millisecond)
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, <-first)
+
+	for range queued {
+		r := <-results
+		if r.owner == "refused" {
+			require.ErrorContains(t, r.err, "refused", "the refused call's own error")
+			continue
+		}
+		require.NoError(t, r.err, r.owner)
+		require.Equal(t, backends.Acquired, r.res.Status, r.owner)
+		rec, err := store.Inspect(ctx, "key-"+r.owner)
+		require.NoError(t, err)
+		require.Equal(t, r.owner, rec.Owner)
+	}
+	traced.mu.Lock()
+	defer traced.mu.Unlock()
+	require.Equal(t, []int{queued}, traced.sizes, "the queued calls went as one batch")
+}
