@@ -195,6 +195,7 @@ func run(addr string, clients, deliveries int, duration time.Duration, requests,
 	fmt.Fprintf(w, "(g) %d deliveries: Acquire+Complete, CoalesceOff\t%s cycles/s\t%.2f = (e)/(g)\t\t\n", deliveries, count(co.off), co.on/co.off)
 	fmt.Fprintf(w, "(g) against redislock\t\t%.2f = (g)/(f)\t\t\n", co.off/co.lock)
 	fmt.Fprintf(w, "Redis main thread busy during (e), (f), (g)\t%.0f%%, %.0f%%, %.0f%%\t\t\t\n", 100*co.busyOn, 100*co.busyLock, 100*co.busyOff)
+	fmt.Fprintf(w, "calls per server read during (e), (f), (g)\t%.1f, %.1f, %.1f\t\t\t\n", co.perReadOn, co.perReadLock, co.perReadOff)
 	fmt.Fprintf(w, "(e) server CPU per cycle, coalesced\t%.1f µs\t%.2f × (f)\t≤ 15 µs\t\n", co.srvOn, co.srvOn/co.srvLock)
 	fmt.Fprintf(w, "(f) server CPU per cycle, redislock\t%.1f µs\t\t\t\n", co.srvLock)
 	fmt.Fprintf(w, "(g) server CPU per cycle, CoalesceOff\t%.1f µs\t\t\t\n", co.srvOff)
@@ -335,7 +336,9 @@ type coalesced struct {
 	// µs of CPU per cycle: the whole server's, and this process's
 	srvOn, srvOff, srvLock float64
 	cliOn, cliOff, cliLock float64
-	loneOn, loneOff        time.Duration
+	// calls (two per cycle) per read of the server from a connection
+	perReadOn, perReadOff, perReadLock float64
+	loneOn, loneOff                    time.Duration
 }
 
 // coalescing measures (e) to (h) on a client of its own whose pool has a
@@ -361,7 +364,7 @@ func coalescing(addr, prefix string, deliveries int, duration time.Duration, mes
 		}
 		return l.Release(ctx)
 	}
-	type runs struct{ rate, busy, srv, cli []float64 }
+	type runs struct{ rate, busy, srv, cli, perRead []float64 }
 	var onRuns, offRuns, lockRuns runs
 	measure := func(m *runs, op func(context.Context, string) error) func() error {
 		return func() error {
@@ -385,6 +388,10 @@ func coalescing(addr, prefix string, deliveries int, duration time.Duration, mes
 			if err != nil {
 				return err
 			}
+			reads0, err := serverReads(client)
+			if err != nil {
+				return err
+			}
 			start := time.Now()
 			v, err := load.Cycles(deliveries, duration, counted)
 			if err != nil {
@@ -403,7 +410,12 @@ func coalescing(addr, prefix string, deliveries int, duration time.Duration, mes
 			if err != nil {
 				return err
 			}
+			reads1, err := serverReads(client)
+			if err != nil {
+				return err
+			}
 			n := float64(cycles.Load())
+			m.perRead = append(m.perRead, 2*n/(reads1-reads0))
 			m.rate = append(m.rate, v)
 			m.busy = append(m.busy, (cpu1-cpu0).Seconds()/elapsed.Seconds())
 			m.srv = append(m.srv, float64((srv1-srv0)/time.Nanosecond)/1e3/n)
@@ -422,6 +434,7 @@ func coalescing(addr, prefix string, deliveries int, duration time.Duration, mes
 	r.busyOn, r.busyOff, r.busyLock = load.Median(onRuns.busy), load.Median(offRuns.busy), load.Median(lockRuns.busy)
 	r.srvOn, r.srvOff, r.srvLock = load.Median(onRuns.srv), load.Median(offRuns.srv), load.Median(lockRuns.srv)
 	r.cliOn, r.cliOff, r.cliLock = load.Median(onRuns.cli), load.Median(offRuns.cli), load.Median(lockRuns.cli)
+	r.perReadOn, r.perReadOff, r.perReadLock = load.Median(onRuns.perRead), load.Median(offRuns.perRead), load.Median(lockRuns.perRead)
 	r.loneOn, r.loneOff, err = alternating(messages, load.StoreCycle(on), load.StoreCycle(off))
 	return r, err
 }
@@ -591,8 +604,18 @@ func serverCPU(c *redis.Client) (time.Duration, error) {
 }
 
 // cpuInfo returns the numbers of INFO cpu by name.
-func cpuInfo(c *redis.Client) (map[string]float64, error) {
-	info, err := c.Info(context.Background(), "cpu").Result()
+func cpuInfo(c *redis.Client) (map[string]float64, error) { return infoNumbers(c, "cpu") }
+
+// serverReads is how many times the server has read from its clients'
+// connections (INFO stats, Redis 6.0 and later).
+func serverReads(c *redis.Client) (float64, error) {
+	fields, err := infoNumbers(c, "stats")
+	return fields["total_reads_processed"], err
+}
+
+// infoNumbers returns the numbers of an INFO section by name.
+func infoNumbers(c *redis.Client, section string) (map[string]float64, error) {
+	info, err := c.Info(context.Background(), section).Result()
 	if err != nil {
 		return nil, err
 	}
