@@ -1,42 +1,99 @@
--- Takes the processing lease on KEYS[1], or says why not.
--- ARGV: owner, lease TTL (ms), retention (ms), fingerprint ('' for none).
+-- The fallback of Acquire, for what its fast path (SET NX PX GET) cannot
+-- decide alone: takes the lease on KEYS[1], or says why not.
+-- ARGV: owner, lease TTL (ms), retention (ms), fingerprint ('' for none),
+-- lease TTL + retention (ms).
 -- Returns one of:
---   {1, token, attempt, flags, fingerprint}  acquired; flags: 1 takeover, 2 re-entrant
---   {2, remaining ms, fingerprint}           in progress under another owner
---   {3, completed at (ms), fingerprint, output}
--- The record is a hash: s state (1 in progress, 2 released, 3 completed),
--- o owner, t fencing token, a attempt, le lease expiry (ms), r retention (ms),
--- ca completed at (ms), f fingerprint, out output. Times are the server's.
+--   {1, record, flags}       acquired; flags: 1 takeover, 2 re-entrant
+--   {2, record, remaining}   in progress under another owner; remaining ms
+--   {3, record}              completed
+-- with the record as it now is, in the layout below (a 0.1.0 hash is
+-- answered in it too).
+--
+-- A record is one string:
+--   state token ':' owner '\0' attempt ':' retention ':' #fp ':' fp
+-- with state 'p' (in progress), 'r' (released) or 'c' (completed), and,
+-- completed, followed by seconds ':' microseconds ':' output: the
+-- server's time of the completion and the stored output. The key expires
+-- one retention after the lease (PX lease TTL + retention), so the lease
+-- is live while the key's PTTL exceeds the retention; released or
+-- completed, one retention after that (PX retention).
 local key = KEYS[1]
-local owner, ttl, retention, fp = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local owner, retention, fp, px = ARGV[1], ARGV[3], ARGV[4], ARGV[5]
 
-local r = redis.call('HMGET', key, 's', 'o', 't', 'a', 'le', 'f')
-local state, stored_fp = r[1], r[6]
-if not stored_fp and fp ~= '' then
-  -- The record adopts the first fingerprint it is given, whatever happens next.
-  stored_fp = fp
-  redis.call('HSET', key, 'f', fp)
+local function record(state, token, attempt, f)
+  return state .. token .. ':' .. owner .. '\0' .. attempt .. ':' .. retention .. ':' .. #f .. ':' .. f
 end
 
-if state == '3' then
-  local c = redis.call('HMGET', key, 'ca', 'out')
-  return {3, tonumber(c[1]), stored_fp or false, c[2] or false}
+local function take(token, attempt, f, flags)
+  local v = record('p', token, attempt, f)
+  redis.call('SET', key, v, 'PX', px)
+  return {1, v, flags}
 end
 
-local token, attempt, flags
-if state == '1' and r[2] == owner then
-  token, attempt, flags = tonumber(r[3]), tonumber(r[4]), 2
-elseif state == '1' and tonumber(r[5]) > now then
-  return {2, tonumber(r[5]) - now, stored_fp or false}
-else
-  token, attempt, flags = (tonumber(r[3]) or 0) + 1, (tonumber(r[4]) or 0) + 1, 0
-  if state == '1' then
-    flags = 1
+local v = redis.pcall('GET', key)
+if type(v) == 'table' then
+  if redis.call('TYPE', key).ok ~= 'hash' then
+    return v -- WRONGTYPE: someone else's data under the prefix
+  end
+  -- A record of 0.1.0: answered from the hash; a lease taken on it
+  -- replaces it (SET) with a record in the new layout and the next
+  -- fencing token.
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local r = redis.call('HMGET', key, 's', 'o', 't', 'a', 'le', 'f', 'r', 'ca', 'out')
+  local state, f = r[1], r[6] or ''
+  if f == '' and fp ~= '' then
+    f = fp
+    redis.call('HSET', key, 'f', fp)
+  end
+  local old = (r[3] or '0') .. ':' .. (r[2] or '') .. '\0' .. (r[4] or '0') .. ':' .. (r[7] or '0') .. ':' .. #f .. ':' .. f
+  if state == '3' then
+    local ca = tonumber(r[8]) or 0
+    return {3, 'c' .. old .. string.format('%d:%d:', math.floor(ca / 1000), (ca % 1000) * 1000) .. (r[9] or '')}
+  end
+  if state == '1' and r[2] == owner then
+    return take(r[3], r[4], f, 2)
+  end
+  if state == '1' and tonumber(r[5]) > now then
+    return {2, 'p' .. old, tonumber(r[5]) - now}
+  end
+  return take((tonumber(r[3]) or 0) + 1, (tonumber(r[4]) or 0) + 1, f, state == '1' and 1 or 0)
+end
+
+if not v then
+  return take(1, 1, fp, 0)
+end
+
+local state = string.sub(v, 1, 1)
+local c1 = string.find(v, ':', 2, true)
+local z = c1 and string.find(v, '\0', c1 + 1, true)
+local c2 = z and string.find(v, ':', z + 1, true)
+local c3 = c2 and string.find(v, ':', c2 + 1, true)
+local c4 = c3 and string.find(v, ':', c3 + 1, true)
+if not c4 or (state ~= 'p' and state ~= 'r' and state ~= 'c') then
+  return redis.error_reply('WRONGTYPE the key holds a string that is not a record of this store')
+end
+local token, rowner, attempt = string.sub(v, 2, c1 - 1), string.sub(v, c1 + 1, z - 1), string.sub(v, z + 1, c2 - 1)
+local fplen = tonumber(string.sub(v, c3 + 1, c4 - 1))
+local f = string.sub(v, c4 + 1, c4 + fplen)
+if f == '' and fp ~= '' then
+  -- The record adopts the first fingerprint it is given, whatever happens
+  -- next.
+  f = fp
+  v = string.sub(v, 1, c3) .. #fp .. ':' .. fp .. string.sub(v, c4 + fplen + 1)
+  redis.call('SET', key, v, 'KEEPTTL')
+end
+
+if state == 'c' then
+  return {3, v}
+end
+if state == 'p' and rowner == owner then
+  return take(token, attempt, f, 2)
+end
+if state == 'p' then
+  local left = redis.call('PTTL', key) - tonumber(string.sub(v, c2 + 1, c3 - 1))
+  if left > 0 then
+    return {2, v, left}
   end
 end
-
-redis.call('HSET', key, 's', 1, 'o', owner, 't', token, 'a', attempt, 'le', now + ttl, 'r', retention)
-redis.call('PEXPIRE', key, ttl + retention)
-return {1, token, attempt, flags, stored_fp or false}
+return take(tonumber(token) + 1, tonumber(attempt) + 1, f, state == 'p' and 1 or 0)

@@ -12,19 +12,28 @@ import (
 
 // How calls are coalesced.
 const (
-	// laneSlots is how many round trips one lane keeps in flight at most
-	// (capped at the client's pool size). A call that finds a slot free
-	// is sent at once, on its own; calls that arrive while every slot is
-	// busy wait for the next free slot and go together, in one pipeline.
-	laneSlots = 4
 	// maxBatch is the most calls one pipeline carries.
 	maxBatch = 128
+	// stallAfter is how long a lane's round trips may make no progress
+	// (none starts or ends) while calls queue before the lane sends the
+	// queue on another connection: a round trip that slow is stuck
+	// behind a slow command or a dead connection, and the calls behind
+	// it (renewals among them) must not wait for it.
+	stallAfter = 10 * time.Millisecond
+	// laneSlots is how many round trips one lane keeps in flight at most
+	// when they stall (capped at the client's pool size).
+	laneSlots = 4
 )
 
-// coalescer runs the store's scripts. Calls that arrive while a lane's
-// slots are all busy are sent together in the next pipeline (group
-// commit); no call ever waits for a timer. A Cluster gets one lane per
-// master, so a slow node holds back only the calls for its own keys.
+// coalescer sends the store's commands. A lane keeps one round trip in
+// flight: a call that finds its lane idle is sent at once, on its own;
+// calls that arrive while a round trip is in flight queue, and when it
+// ends, they go together in one pipeline (group commit), while the next
+// batch collects. No call ever waits for a timer. Only when the round trip
+// in flight makes no progress for stallAfter does the lane send the queue
+// on another connection, up to laneSlots at once; it goes back to one
+// round trip in flight as they end. A Cluster gets one lane per master,
+// so a slow node holds back only the calls for its own keys.
 type coalescer struct {
 	client redis.UniversalClient
 	// pipeline returns a new pipeline on client; nil when coalescing is
@@ -40,20 +49,24 @@ type coalescer struct {
 }
 
 // lane is a queue of calls and the round trips in flight that serve it.
-// While the queue is not empty, every slot is busy: a slot that frees
-// takes the queue's head.
+// While the queue is not empty, a round trip is in flight: when it ends,
+// it takes the queue.
 type lane struct {
 	mu       sync.Mutex
 	inflight int
 	queue    []*call
+	// moved counts the round trips started and ended: a stall timer that
+	// finds it unchanged found the lane stuck.
+	moved uint64
+	timer bool // a stall timer is armed
 }
 
-// call is one queued script call.
+// call is one command, a script run or a plain command.
 type call struct {
 	ctx    context.Context
-	script *redis.Script
-	keys   []string
-	args   []any
+	script *redis.Script // nil for a plain command
+	keys   []string      // a script's keys
+	args   []any         // a script's arguments, or the whole command
 	cmd    *redis.Cmd    // the reply, set before done is closed
 	done   chan struct{} // closed once cmd is set
 	taken  bool          // in a batch; guarded by the lane's mu
@@ -76,26 +89,48 @@ func newCoalescer(client redis.UniversalClient, off bool, poolSize int) *coalesc
 }
 
 // run runs script on keys (one key) and args, as script.Run would, and
-// returns its reply. A queued call whose ctx ends before its reply
-// returns at once with the context's error, and is never sent if it was
-// still waiting; one already sent leaves its reply to be discarded.
+// returns its reply.
 func (c *coalescer) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	if c.pipeline == nil {
 		return script.Run(ctx, c.client, keys, args...)
 	}
-	l := c.laneFor(ctx, keys[0])
+	return c.submit(&call{ctx: ctx, script: script, keys: keys, args: args}, keys[0])
+}
+
+// do sends the command args on key, as client.Do would, and returns its
+// reply.
+func (c *coalescer) do(ctx context.Context, key string, args ...any) *redis.Cmd {
+	if c.pipeline == nil {
+		return c.client.Do(ctx, args...)
+	}
+	return c.submit(&call{ctx: ctx, args: args}, key)
+}
+
+// submit sends cl at once if its lane is idle, or queues it for the next
+// round trip. A queued call whose ctx ends before its reply returns at
+// once with the context's error, and is never sent if it was still
+// waiting; one already sent leaves its reply to be discarded.
+func (c *coalescer) submit(cl *call, key string) *redis.Cmd {
+	ctx := cl.ctx
+	l := c.laneFor(ctx, key)
 	l.mu.Lock()
-	if l.inflight < c.slots {
+	if l.inflight == 0 {
 		l.inflight++
+		l.moved++
 		l.mu.Unlock()
-		return c.alone(ctx, l, script, keys, args)
+		c.sendOne(cl)
+		if batch, ok := l.next(c, nil); ok {
+			go c.drain(l, batch)
+		}
+		return cl.cmd
 	}
 	if err := ctx.Err(); err != nil {
 		l.mu.Unlock()
 		return failed(ctx, err)
 	}
-	cl := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
+	cl.done = make(chan struct{})
 	l.queue = append(l.queue, cl)
+	c.arm(l)
 	l.mu.Unlock()
 
 	select {
@@ -116,12 +151,6 @@ func (c *coalescer) run(ctx context.Context, script *redis.Script, keys []string
 		l.mu.Unlock()
 		return failed(ctx, ctx.Err())
 	}
-}
-
-// alone runs one call on a slot of l, then frees the slot.
-func (c *coalescer) alone(ctx context.Context, l *lane, script *redis.Script, keys []string, args []any) *redis.Cmd {
-	defer c.free(l)
-	return script.Run(ctx, c.client, keys, args...)
 }
 
 // laneFor returns the lane of key.
@@ -149,34 +178,63 @@ func (c *coalescer) laneFor(ctx context.Context, key string) *lane {
 	return l
 }
 
-// free gives back a slot of l after a round trip, or passes it on to a
-// new goroutine that sends what has queued meanwhile.
-func (c *coalescer) free(l *lane) {
+// next is called as a round trip of l ends. If calls are queued and no
+// other round trip is in flight, it takes them for the next round trip on
+// the same slot (ok); otherwise it gives the slot back, leaving the queue
+// to the round trip still in flight.
+func (l *lane) next(c *coalescer, buf []*call) (batch []*call, ok bool) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.moved++
+	if len(l.queue) > 0 && l.inflight == 1 {
+		return l.take(buf), true
+	}
+	l.inflight--
+	if len(l.queue) > 0 {
+		c.arm(l)
+	}
+	return nil, false
+}
+
+// drain sends batch, then the calls queued meanwhile, until next gives
+// the slot back.
+func (c *coalescer) drain(l *lane, batch []*call) {
+	for ok := true; ok; batch, ok = l.next(c, batch[:0]) {
+		c.send(batch)
+	}
+}
+
+// arm starts a stall timer for l unless one is armed or every slot is
+// taken. The caller holds l.mu.
+func (c *coalescer) arm(l *lane) {
+	if l.timer || l.inflight >= c.slots {
+		return
+	}
+	l.timer = true
+	mark := l.moved
+	time.AfterFunc(stallAfter, func() { c.stalled(l, mark) })
+}
+
+// stalled runs stallAfter after arm: if no round trip of l started or
+// ended since (moved is still mark) while calls queue, it sends them on a
+// slot of their own.
+func (c *coalescer) stalled(l *lane, mark uint64) {
+	l.mu.Lock()
+	l.timer = false
 	if len(l.queue) == 0 {
-		l.inflight--
 		l.mu.Unlock()
 		return
 	}
+	if l.moved != mark || l.inflight >= c.slots {
+		c.arm(l)
+		l.mu.Unlock()
+		return
+	}
+	l.inflight++
+	l.moved++
 	batch := l.take(nil)
 	l.mu.Unlock()
-	go c.drain(l, batch)
-}
-
-// drain sends batch, then the calls queued meanwhile, until the queue is
-// empty; it holds one of l's slots throughout.
-func (c *coalescer) drain(l *lane, batch []*call) {
-	for {
-		c.send(batch)
-		l.mu.Lock()
-		if len(l.queue) == 0 {
-			l.inflight--
-			l.mu.Unlock()
-			return
-		}
-		batch = l.take(batch[:0])
-		l.mu.Unlock()
-	}
+	c.drain(l, batch)
 }
 
 // take moves up to maxBatch calls from the head of the queue to buf,
@@ -197,18 +255,28 @@ func (l *lane) take(buf []*call) []*call {
 	return buf
 }
 
+// sendOne sends cl on its own, with its own context, as script.Run or
+// client.Do would.
+func (c *coalescer) sendOne(cl *call) {
+	if cl.script != nil {
+		cl.cmd = cl.script.Run(cl.ctx, c.client, cl.keys, cl.args...)
+	} else {
+		cl.cmd = c.client.Do(cl.ctx, cl.args...)
+	}
+}
+
 // send runs the calls of batch and hands each its reply. One call alone
-// is sent as script.Run would send it, with its own context. Several go
-// in one pipeline of EVALSHA, under a context that no one caller can
-// cancel and that ends at the latest of their deadlines; the calls whose
-// script the server did not have are sent again with EVAL.
+// is sent as sendOne sends it. Several go in one pipeline, scripts as
+// EVALSHA, under a context that no one caller can cancel and that ends at
+// the latest of their deadlines; the scripts the server did not have are
+// sent again with EVAL.
 func (c *coalescer) send(batch []*call) {
 	switch len(batch) {
 	case 0:
 		return
 	case 1:
 		cl := batch[0]
-		cl.cmd = cl.script.Run(cl.ctx, c.client, cl.keys, cl.args...)
+		c.sendOne(cl)
 		close(cl.done)
 		return
 	}
@@ -216,12 +284,16 @@ func (c *coalescer) send(batch []*call) {
 	defer cancel()
 	p := c.pipeline()
 	for _, cl := range batch {
-		cl.cmd = cl.script.EvalSha(ctx, p, cl.keys, cl.args...)
+		if cl.script != nil {
+			cl.cmd = cl.script.EvalSha(ctx, p, cl.keys, cl.args...)
+		} else {
+			cl.cmd = p.Do(ctx, cl.args...)
+		}
 	}
 	_, err := p.Exec(ctx)
 	retry := batch[:0:0]
 	for _, cl := range batch {
-		if noScript(cl.cmd.Err()) {
+		if cl.script != nil && noScript(cl.cmd.Err()) {
 			retry = append(retry, cl)
 			continue
 		}

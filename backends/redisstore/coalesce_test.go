@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -49,6 +50,7 @@ type pipes struct {
 	held     chan struct{}
 	pipeHeld chan struct{}
 	piped    chan []string
+	fail     atomic.Pointer[error] // the error every pipeline of the store's calls fails with
 
 	batched      atomic.Int64 // pipelines of more than one command
 	batchedCmds  atomic.Int64 // commands in them
@@ -59,17 +61,26 @@ type pipes struct {
 
 func newPipes() *pipes { return &pipes{holding: make(chan struct{}, 1), held: make(chan struct{})} }
 
+// keyOf is the key of one of the store's commands: a script's first key,
+// or a plain command's first argument.
 func keyOf(cmd redis.Cmder) string {
-	if args := cmd.Args(); len(args) > 3 {
-		s, _ := args[3].(string)
+	args := cmd.Args()
+	i := 1
+	if n := cmd.Name(); n == "evalsha" || n == "eval" {
+		i = 3
+	}
+	if len(args) > i {
+		s, _ := args[i].(string)
 		return s
 	}
 	return ""
 }
 
-func scripts(cmds []redis.Cmder) bool {
+// storeCalls says whether cmds are the store's calls: scripts, and the
+// SET of Acquire's fast path.
+func storeCalls(cmds []redis.Cmder) bool {
 	for _, cmd := range cmds {
-		if n := cmd.Name(); n != "evalsha" && n != "eval" {
+		if n := cmd.Name(); n != "evalsha" && n != "eval" && n != "set" {
 			return false
 		}
 	}
@@ -97,7 +108,7 @@ func (h *pipes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *pipes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if !scripts(cmds) { // such as the commands go-redis sends on a new connection
+		if !storeCalls(cmds) { // such as the commands go-redis sends on a new connection
 			return next(ctx, cmds)
 		}
 		if len(cmds) > 1 {
@@ -108,6 +119,9 @@ func (h *pipes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 			if cmd.Name() == "eval" {
 				h.evals.Add(1)
 			}
+		}
+		if err := h.fail.Load(); err != nil {
+			return *err // as a connection lost before the replies would
 		}
 		if h.pipeHeld != nil {
 			keys := make([]string, len(cmds))
@@ -378,7 +392,7 @@ func TestDeadlineWhileInFlight(t *testing.T) {
 	}
 }
 
-// One call failing in a pipeline (its key holds a string, so its script
+// One call failing in a pipeline (its key holds a list, so its command
 // gets WRONGTYPE) fails that call alone, with ErrRejected.
 func TestOneFailedCallInAPipeline(t *testing.T) {
 	shared := testserver.RedisClient(t)
@@ -387,7 +401,8 @@ func TestOneFailedCallInAPipeline(t *testing.T) {
 	close(h.pipeHeld)
 	s, prefix := slotStore(t, shared.Options().Addr, h)
 	ctx := context.Background()
-	require.NoError(t, shared.Set(ctx, prefix+"wrong", "not a hash", time.Minute).Err())
+	require.NoError(t, shared.RPush(ctx, prefix+"wrong", "not a record").Err())
+	t.Cleanup(func() { shared.Del(context.Background(), prefix+"wrong") })
 	held := hold(t, s, h)
 	a, w, b := acquireAsync(ctx, s, "a"), acquireAsync(ctx, s, "wrong"), acquireAsync(ctx, s, "b")
 	queued(t, s, 3)
@@ -467,4 +482,54 @@ func TestScriptFlushMidHammer(t *testing.T) {
 	require.Positive(t, h.batched.Load())
 	t.Logf("%d NOSCRIPT replies, %d of them in pipelines, %d calls sent again with EVAL in pipelines",
 		h.noScript.Load(), h.pipeNoScript.Load(), h.evals.Load())
+}
+
+// A pipeline that fails as a whole (its connection lost) fails every
+// call in it with its error; none is left without a reply or given
+// another's.
+func TestPipelineErrorReachesEveryCaller(t *testing.T) {
+	h := newPipes()
+	s, _ := slotStore(t, testserver.RedisClient(t).Options().Addr, h)
+	held := hold(t, s, h)
+	ctx := context.Background()
+	calls := []<-chan result{acquireAsync(ctx, s, "a"), acquireAsync(ctx, s, "b"), acquireAsync(ctx, s, "c")}
+	queued(t, s, 3)
+	lost := errors.New("connection lost mid-pipeline")
+	h.fail.Store(&lost)
+
+	close(h.held)
+	require.NoError(t, <-held)
+	for i, ch := range calls {
+		r := <-ch
+		require.ErrorIs(t, r.err, lost, "call %d", i)
+		require.Zero(t, r.res, "call %d", i)
+	}
+	require.EqualValues(t, 1, h.batched.Load(), "the three went in one pipeline")
+	h.fail.Store(nil)
+	for _, k := range []string{"a", "b", "c"} {
+		_, err := s.Inspect(ctx, k)
+		require.ErrorIs(t, err, backends.ErrNotFound, "%s never reached the server", k)
+	}
+}
+
+// A round trip that makes no progress (a slow command, a dead
+// connection) does not hold back the calls that arrive after it: once it
+// has been stuck for a moment, they go on another connection.
+func TestStalledRoundTripDoesNotHoldBackOthers(t *testing.T) {
+	h := newPipes()
+	client := clientWithHook(t, testserver.RedisClient(t).Options().Addr, h, func(o *redis.Options) { o.PoolSize = 4 })
+	s := storeWith(t, client, redisstore.Options{})
+	held := hold(t, s, h)
+	ctx := context.Background()
+	for _, k := range []string{"a", "b"} {
+		select {
+		case r := <-acquireAsync(ctx, s, k):
+			require.NoError(t, r.err)
+			require.Equal(t, backends.Acquired, r.res.Status)
+		case <-time.After(wait):
+			t.Fatalf("%s waited behind the stuck round trip", k)
+		}
+	}
+	close(h.held)
+	require.NoError(t, <-held)
 }

@@ -1,24 +1,27 @@
--- Marks KEYS[1] completed if ARGV owner and token still hold its lease,
--- keeping the record for the retention it was acquired with, and wakes
--- the key's watchers: a message on the sharded channel named as the key
--- (ignored by a server without sharded pub/sub).
--- ARGV: owner, token, output. Returns 1, or 0 if lost.
-local r = redis.call('HMGET', KEYS[1], 's', 'o', 't', 'r')
-if r[1] ~= '1' or r[2] ~= ARGV[1] or r[3] ~= ARGV[2] then
+-- Marks KEYS[1] completed if the lease of ARGV[1] still holds it, keeping
+-- the record for the retention it was acquired with, and wakes the key's
+-- watchers: a message on the sharded channel named as the key (ignored by
+-- a server without sharded pub/sub). See acquire.lua for the record.
+-- ARGV: 'p' .. token .. ':' .. owner .. '\0' (the start of the holder's
+-- record), output. Returns 1, or 0 if the lease is lost.
+local h = ARGV[1]
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' then
+  if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+    return 0 -- a record of 0.1.0, which no lease of this version holds
+  end
+  return v
+end
+if not v or string.sub(v, 1, #h) ~= h then
   return 0
 end
-local retention = tonumber(r[4])
-if retention <= 0 then
+local i = string.find(v, ':', #h + 1, true)
+local retention = string.sub(v, i + 1, string.find(v, ':', i + 1, true) - 1)
+if retention == '0' then
   redis.call('DEL', KEYS[1])
 else
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  if ARGV[3] == '' then
-    redis.call('HSET', KEYS[1], 's', 3, 'ca', now)
-  else
-    redis.call('HSET', KEYS[1], 's', 3, 'ca', now, 'out', ARGV[3])
-  end
-  redis.call('PEXPIRE', KEYS[1], retention)
+  redis.call('SET', KEYS[1], 'c' .. string.sub(v, 2) .. t[1] .. ':' .. t[2] .. ':' .. ARGV[2], 'PX', retention)
 end
 pcall(redis.call, 'SPUBLISH', KEYS[1], '')
 return 1

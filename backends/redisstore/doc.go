@@ -6,23 +6,34 @@
 //
 // # Protocol
 //
-// Each key's record is one Redis hash, so every operation touches one key:
-// it works unchanged on Redis Cluster, where a key's hash slot decides its
-// node. Each store operation is one embedded Lua script run with EVALSHA
-// and falling back to EVAL, so a SCRIPT FLUSH or a failover to a node that
-// has not seen the script costs one extra round trip and no error. Every
-// script checks the owner and the fencing token before it changes
-// anything, and takes time from the server (TIME, PEXPIRE), never from the
-// client.
+// Each key's record is one Redis string, so every operation touches one
+// key: it works unchanged on Redis Cluster, where a key's hash slot
+// decides its node. The client encodes a fresh key's record itself, and
+// Acquire's fast path is one plain command, SET NX PX GET: it takes a new
+// key, and returns a completed key's record (its output included) without
+// writing. The key expires one retention after the lease (PX lease TTL +
+// retention), so the lease is live while the key's PTTL exceeds the
+// retention: neither Acquire's fast path nor Complete needs the clock.
+// Everything else (a key in progress, released or expired, a re-entrant
+// acquire, a record written by 0.1.0) goes to a script, as do Complete,
+// Renew and Release: small compare-and-set scripts that check the owner
+// and the fencing token before they change anything. Scripts run with
+// EVALSHA and fall back to EVAL, so a SCRIPT FLUSH or a failover to a
+// node that has not seen the script costs one extra round trip and no
+// error. Records 0.1.0 wrote (hashes) are read as before; a lease taken
+// on one rewrites it in the new layout (see docs/upgrading.md).
 //
 // # Coalescing
 //
-// The store keeps at most four round trips in flight (per master of a
-// Cluster; fewer with a smaller pool). A call that finds one of them free
-// is sent at once, on its own; calls that arrive while all are busy are
-// sent together, in one pipeline, as soon as one ends. Each call keeps its own context and its
-// own error: a queued call whose context ends returns at once and is never
-// sent. [CoalesceOff] sends every call on its own.
+// The store keeps one round trip in flight (per master of a Cluster). A
+// call that finds none in flight is sent at once, on its own; calls that
+// arrive meanwhile queue and go together, in one pipeline, as soon as it
+// ends, while the next batch collects: no call waits for a timer. Each
+// call keeps its own context and its own error: a queued call whose
+// context ends returns at once and is never sent. A round trip that makes
+// no progress for 10 ms (a slow command, a dead connection) lets the
+// queue go on another connection, up to four at once, so renewals never
+// wait behind it. [CoalesceOff] sends every call on its own.
 //
 // # Waking waiting duplicates
 //
@@ -34,8 +45,8 @@
 //
 // # Record lifetime
 //
-// The hash expires (PEXPIRE) one retention after its lease expires, is
-// released or is completed, so the fencing token keeps counting up across
+// The record expires one retention after its lease expires, is released
+// or is completed, so the fencing token keeps counting up across
 // takeovers and releases for as long as a duplicate could still arrive.
 //
 // # Durability

@@ -15,12 +15,30 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
-// stateScript returns {s, le, now (ms)} for KEYS[1]: what Count needs,
-// without the record's output.
+// stateScript returns what Count needs of KEYS[1], without the
+// record's output: {layout, seconds, microseconds, expiry (ms since the
+// epoch, -1 for none), the record's first bytes} (layout 2), {layout, seconds, microseconds, s,
+// le} for a 0.1.0 hash (layout 1), or false if it has no record. The
+// first 512 bytes of a record hold its state, token, owner, attempt and
+// retention.
 var stateScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 's', 'le')
 local t = redis.call('TIME')
-return {v[1] or false, v[2] or false, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}`)
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'hash' then
+  local v = redis.call('HMGET', KEYS[1], 's', 'le')
+  return {1, t[1], t[2], v[1] or false, v[2] or false}
+end
+if kind == 'none' then
+  return false
+end
+local at = redis.pcall('PEXPIRETIME', KEYS[1])
+if type(at) ~= 'number' then
+  at = redis.call('PTTL', KEYS[1])
+  if at >= 0 then
+    at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + at
+  end
+end
+return {2, t[1], t[2], at, redis.call('GETRANGE', KEYS[1], 0, 511)}`)
 
 // scanBatch is the COUNT hint of each SCAN, and the most keys sent in one
 // pipeline.
@@ -55,7 +73,7 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 		cmds, err := s.pipelined(ctx, func(p redis.Pipeliner) []*redis.Cmd {
 			out := make([]*redis.Cmd, len(batch))
 			for i, k := range batch {
-				out[i] = stateScript.Eval(ctx, p, s.redisKey(k))
+				out[i] = stateScript.Eval(ctx, p, []string{s.prefix + k})
 			}
 			return out
 		})
@@ -64,17 +82,39 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 		}
 		for _, cmd := range cmds {
 			vals, err := cmd.Slice()
-			if err != nil || len(vals) != 3 || vals[0] == nil {
+			if err != nil || len(vals) != 5 {
 				continue // gone since the scan
 			}
-			st, _ := vals[0].(string)
-			le, _ := vals[1].(string)
-			leMs, _ := strconv.ParseInt(le, 10, 64)
-			nowMs, _ := vals[2].(int64)
-			storekit.AddCount(&c, state(st, time.UnixMilli(leMs), time.UnixMilli(nowMs)))
+			if st, ok := countedState(vals); ok {
+				storekit.AddCount(&c, st)
+			}
 		}
 	}
 	return c, nil
+}
+
+// countedState reads a reply of stateScript; not ok for a string that is
+// not a record.
+func countedState(vals []any) (backends.State, bool) {
+	layout, _ := vals[0].(int64)
+	now, ok := serverTime(vals[1], vals[2])
+	if !ok {
+		return 0, false
+	}
+	if layout == 1 {
+		st, _ := vals[3].(string)
+		le, _ := vals[4].(string)
+		leMs, _ := strconv.ParseInt(le, 10, 64)
+		return legacyState(st, time.UnixMilli(leMs), now), true
+	}
+	at, _ := vals[3].(int64)
+	v, _ := vals[4].(string)
+	rec, err := decodeRecord(v, true)
+	if err != nil {
+		return 0, false
+	}
+	_, st := leaseState(rec, now, at)
+	return st, true
 }
 
 // inspectMany inspects keys in one pipeline and returns the records that
@@ -83,7 +123,7 @@ func (s *Store) inspectMany(ctx context.Context, keys []string) ([]backends.Reco
 	cmds, err := s.pipelined(ctx, func(p redis.Pipeliner) []*redis.Cmd {
 		out := make([]*redis.Cmd, len(keys))
 		for i, k := range keys {
-			out[i] = inspectScript.Eval(ctx, p, s.redisKey(k))
+			out[i] = inspectScript.Eval(ctx, p, []string{s.prefix + k})
 		}
 		return out
 	})

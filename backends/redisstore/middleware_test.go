@@ -155,19 +155,22 @@ func (r *renewCounter) PoolSize() int { return r.Store.(backends.PoolSizer).Pool
 // New deliveries whose acquisitions hang take connections from a pool of
 // four. With MaxConcurrentAcquires below the pool size (set, or by default
 // half the pool the store reports), a running handler's lease is still
-// renewed and its completion recorded. The control, with the bound above
-// the pool size, shows what the bound prevents: every connection is taken
-// by new work, the renewals cannot be sent, and the handler's lease is
-// lost.
+// renewed and its completion recorded: the stuck acquisitions' round
+// trips hold back nothing else. The control, with the bound above the
+// pool size and every call its own round trip (CoalesceOff, so that each
+// hung acquisition holds a connection of its own), shows what the bound
+// prevents: every connection is taken by new work, the renewals cannot be
+// sent, and the handler's lease is lost.
 func TestLeaseKeptWhileAcquiresSaturateThePool(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		bound, taken int
 		kept         bool
+		coalescing   redisstore.Coalescing
 	}{
-		{"bound below the pool", 1, 1, true},
-		{"default: half the pool", 0, 2, true},
-		{"control: bound above the pool", 64, 4, false},
+		{"bound below the pool", 1, 1, true, redisstore.CoalesceConcurrent},
+		{"default: half the pool", 0, 2, true, redisstore.CoalesceConcurrent},
+		{"control: bound above the pool", 64, 4, false, redisstore.CoalesceOff},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := testserver.RedisClient(t).Options().Addr
@@ -183,7 +186,10 @@ func TestLeaseKeptWhileAcquiresSaturateThePool(t *testing.T) {
 				}})
 			var unblock sync.Once
 			t.Cleanup(func() { unblock.Do(func() { close(hold) }); _ = client.Close() })
-			store := &renewCounter{Store: newStore(t, client)}
+			plain, err := redisstore.New(client, redisstore.Options{Prefix: testserver.Unique("pool-test:"), Coalescing: tc.coalescing})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = plain.Close() })
+			store := &renewCounter{Store: plain}
 			counters := &idempotency.Counters{}
 			idem, err := idempotency.New(idempotency.Config{
 				Store: store, Namespace: "pool", Observer: counters,

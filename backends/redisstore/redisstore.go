@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -63,9 +64,10 @@ type Options struct {
 type Coalescing int
 
 const (
-	// CoalesceConcurrent sends the calls that arrive while every round
-	// trip the store keeps in flight is busy together, in one pipeline,
-	// as soon as one of those ends. The default.
+	// CoalesceConcurrent sends the calls that arrive while the store's
+	// round trip is in flight together, in one pipeline, as soon as it
+	// ends (one round trip in flight per node; more only while one is
+	// stuck). The default.
 	CoalesceConcurrent Coalescing = iota
 	// CoalesceOff sends every call as its own round trip: for a proxy or
 	// a Redis-compatible server that mishandles pipelined scripts, or to
@@ -82,6 +84,9 @@ type Store struct {
 	poolSize int
 	calls    *coalescer
 	watch    watchers
+	// noSetGet is set once the server refused SET NX GET (before Redis
+	// 7.0): Acquire then always runs acquire.lua.
+	noSetGet atomic.Bool
 }
 
 // New returns a store on client: a *redis.Client (a Sentinel failover
@@ -134,64 +139,95 @@ func poolSize(c redis.UniversalClient) int {
 // at most half of it by default.
 func (s *Store) PoolSize() int { return s.poolSize }
 
-func (s *Store) redisKey(key string) []string { return []string{s.prefix + key} }
-
 // ms converts d to whole milliseconds, rounding up: Redis keeps time in
 // milliseconds, and a lease must never be shorter than asked for.
 func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
 
-// Acquire implements [backends.Store].
+// Acquire implements [backends.Store]. Its fast path is one plain
+// command, SET NX PX GET with the fresh record: it takes a new key, and
+// answers a completed one with its record (unless the record has no
+// fingerprint to compare yet and this call brings one). Anything else (a
+// key in progress, released or expired, a re-entrant acquire, a record of
+// 0.1.0) goes to acquire.lua, which reads the record again and decides.
 func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
 	if err := storekit.ValidateAcquire(req); err != nil {
 		return backends.AcquireResult{}, err
 	}
-	vals, err := s.calls.run(ctx, acquireScript, s.redisKey(req.Key),
-		req.Owner, ms(req.LeaseTTL), ms(req.Retention), req.Fingerprint).Slice()
+	key := s.prefix + req.Key
+	ttl, retention := ms(req.LeaseTTL), ms(req.Retention)
+	if !s.noSetGet.Load() {
+		v, err := s.calls.do(ctx, key, "set", key, freshRecord(req.Owner, retention, req.Fingerprint),
+			"nx", "px", ttl+retention, "get").Text()
+		switch {
+		case errors.Is(err, redis.Nil): // the key was new: it is ours
+			res := backends.AcquireResult{Status: backends.Acquired,
+				Lease: backends.Lease{Key: req.Key, Owner: req.Owner, Token: 1, Attempt: 1}}
+			if len(req.Fingerprint) > 0 {
+				res.Fingerprint = req.Fingerprint
+			}
+			return res, nil
+		case err == nil:
+			rec, err := decodeRecord(v, false)
+			if err != nil {
+				return backends.AcquireResult{}, fmt.Errorf("redisstore: acquire: %w: %w", backends.ErrRejected, err)
+			}
+			if rec.state == stateCompleted && (len(rec.fingerprint) > 0 || len(req.Fingerprint) == 0) {
+				return completed(rec), nil
+			}
+		case redis.HasErrorPrefix(err, "WRONGTYPE"): // a record of 0.1.0, or not a record: the script tells
+		case redis.HasErrorPrefix(err, "syntax error"): // HasErrorPrefix drops the ERR
+			// A server before Redis 7.0, where SET takes NX or GET but
+			// not both: every Acquire goes to the script.
+			s.noSetGet.Store(true)
+		default:
+			return backends.AcquireResult{}, opError(ctx, "acquire", err)
+		}
+	}
+	vals, err := s.calls.run(ctx, acquireScript, []string{key},
+		req.Owner, ttl, retention, req.Fingerprint, ttl+retention).Slice()
 	if err != nil {
 		return backends.AcquireResult{}, opError(ctx, "acquire", err)
 	}
 	return parseAcquire(req, vals)
 }
 
+// completed is the answer for a key completed as rec says.
+func completed(rec record) backends.AcquireResult {
+	return backends.AcquireResult{Status: backends.Completed, CompletedAt: rec.completedAt,
+		Fingerprint: rec.fingerprint, Output: rec.output}
+}
+
+// parseAcquire reads the reply of acquire.lua.
 func parseAcquire(req backends.AcquireRequest, vals []any) (backends.AcquireResult, error) {
 	bad := func() (backends.AcquireResult, error) {
-		return backends.AcquireResult{}, fmt.Errorf("redisstore: acquire: unexpected reply %v", vals)
+		return backends.AcquireResult{}, fmt.Errorf("redisstore: acquire: unexpected reply %.200v", vals)
 	}
-	if len(vals) < 3 {
+	if len(vals) < 2 {
 		return bad()
 	}
 	outcome, _ := vals[0].(int64)
-	var res backends.AcquireResult
-	switch outcome {
-	case 1:
-		if len(vals) != 5 {
-			return bad()
-		}
-		token, _ := vals[1].(int64)
-		attempt, _ := vals[2].(int64)
-		flags, _ := vals[3].(int64)
-		res.Status = backends.Acquired
-		res.Lease = backends.Lease{Key: req.Key, Owner: req.Owner, Token: token, Attempt: int(attempt), Takeover: flags == 1}
-		res.Reentrant = flags == 2
-		res.Fingerprint = bytesOrNil(vals[4])
-	case 2:
-		remaining, _ := vals[1].(int64)
-		res.Status = backends.InProgress
-		res.Remaining = time.Duration(remaining) * time.Millisecond
-		res.Fingerprint = bytesOrNil(vals[2])
-	case 3:
-		if len(vals) != 4 {
-			return bad()
-		}
-		at, _ := vals[1].(int64)
-		res.Status = backends.Completed
-		res.CompletedAt = time.UnixMilli(at)
-		res.Fingerprint = bytesOrNil(vals[2])
-		res.Output = bytesOrNil(vals[3])
-	default:
+	v, _ := vals[1].(string)
+	rec, err := decodeRecord(v, false)
+	if err != nil {
 		return bad()
 	}
-	return res, nil
+	var n int64
+	if len(vals) > 2 {
+		n, _ = vals[2].(int64)
+	}
+	switch outcome {
+	case 1:
+		lease := rec.lease(req.Key)
+		lease.Takeover = n == 1
+		return backends.AcquireResult{Status: backends.Acquired, Lease: lease, Reentrant: n == 2,
+			Fingerprint: rec.fingerprint}, nil
+	case 2:
+		return backends.AcquireResult{Status: backends.InProgress, Remaining: time.Duration(n) * time.Millisecond,
+			Fingerprint: rec.fingerprint}, nil
+	case 3:
+		return completed(rec), nil
+	}
+	return bad()
 }
 
 // opError wraps a failed call's error. go-redis reports a context deadline
@@ -244,13 +280,13 @@ func bytesOrNil(v any) []byte {
 }
 
 // checked runs a script that answers 1 when the lease held and 0 when it
-// did not.
+// did not. The script compares the record with the lease's header.
 func (s *Store) checked(ctx context.Context, op string, script *redis.Script, lease backends.Lease, args ...any) error {
 	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
-	args = append([]any{lease.Owner, lease.Token}, args...)
-	n, err := s.calls.run(ctx, script, s.redisKey(lease.Key), args...).Int64()
+	args = append([]any{leaseHeader(lease)}, args...)
+	n, err := s.calls.run(ctx, script, []string{s.prefix + lease.Key}, args...).Int64()
 	if err != nil {
 		return opError(ctx, op, err)
 	}
@@ -283,7 +319,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 	if err := storekit.ValidateKey(key); err != nil {
 		return backends.Record{}, err
 	}
-	vals, err := s.calls.run(ctx, inspectScript, s.redisKey(key)).Slice()
+	vals, err := s.calls.run(ctx, inspectScript, []string{s.prefix + key}).Slice()
 	if errors.Is(err, redis.Nil) {
 		return backends.Record{}, backends.ErrNotFound
 	}
@@ -295,18 +331,80 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 
 // parseRecord reads the reply of inspect.lua for key.
 func parseRecord(key string, vals []any) (backends.Record, error) {
-	if len(vals) < 2 || len(vals)%2 != 0 {
+	bad := func() (backends.Record, error) {
 		return backends.Record{}, fmt.Errorf("redisstore: inspect: unexpected reply of %d values", len(vals))
 	}
-	nowMs, _ := vals[0].(int64)
-	pttl, _ := vals[1].(int64)
-	now := time.UnixMilli(nowMs)
-	f := make(map[string]string, (len(vals)-2)/2)
-	for i := 2; i+1 < len(vals); i += 2 {
-		k, _ := vals[i].(string)
-		v, _ := vals[i+1].(string)
-		f[k] = v
+	if len(vals) < 4 {
+		return bad()
 	}
+	layout, _ := vals[0].(int64)
+	now, ok := serverTime(vals[1], vals[2])
+	if !ok {
+		return bad()
+	}
+	at, _ := vals[3].(int64)
+	var expires time.Time
+	if at >= 0 {
+		expires = time.UnixMilli(at)
+	}
+	if layout == 1 {
+		if len(vals)%2 != 0 {
+			return bad()
+		}
+		f := make(map[string]string, (len(vals)-4)/2)
+		for i := 4; i+1 < len(vals); i += 2 {
+			k, _ := vals[i].(string)
+			v, _ := vals[i+1].(string)
+			f[k] = v
+		}
+		return legacyRecord(key, f, now, expires), nil
+	}
+	if layout != 2 || len(vals) != 5 {
+		return bad()
+	}
+	v, _ := vals[4].(string)
+	rec, err := decodeRecord(v, false)
+	if err != nil {
+		return backends.Record{}, fmt.Errorf("redisstore: inspect: %w: %w", backends.ErrRejected, err)
+	}
+	out := backends.Record{
+		Key: key, Owner: rec.owner, Token: rec.token, Attempt: rec.attempt,
+		Fingerprint: rec.fingerprint, Output: rec.output, ExpiresAt: expires,
+		CompletedAt: rec.completedAt,
+	}
+	out.LeaseExpiresAt, out.State = leaseState(rec, now, at)
+	return out, nil
+}
+
+// leaseState is when the lease of rec ended or ends, on the server's
+// clock, and the record's state, at now, for a key that expires at at (ms
+// since the epoch, -1 for never). The key expires one retention after the
+// lease (while it is held) or after the release or completion, so that
+// moment is the key's expiry less the retention.
+func leaseState(rec record, now time.Time, at int64) (time.Time, backends.State) {
+	leaseEnd := time.UnixMilli(at - rec.retention)
+	switch {
+	case rec.state == stateCompleted:
+		return leaseEnd, backends.StateCompleted
+	case rec.state == stateReleased:
+		return leaseEnd, backends.StateReleased
+	case at < 0 || leaseEnd.After(now):
+		return leaseEnd, backends.StateInProgress
+	}
+	return leaseEnd, backends.StateExpired
+}
+
+// serverTime reads the two strings of Redis's TIME.
+func serverTime(secs, usecs any) (time.Time, bool) {
+	s, _ := secs.(string)
+	u, _ := usecs.(string)
+	sec, err1 := strconv.ParseInt(s, 10, 64)
+	usec, err2 := strconv.ParseInt(u, 10, 64)
+	return time.Unix(sec, usec*1000), err1 == nil && err2 == nil
+}
+
+// legacyRecord reads the fields f of a record kept as a hash by 0.1.0.
+func legacyRecord(key string, f map[string]string, now, expires time.Time) backends.Record {
 	num := func(k string) int64 { n, _ := strconv.ParseInt(f[k], 10, 64); return n }
 	rec := backends.Record{
 		Key:            key,
@@ -316,20 +414,18 @@ func parseRecord(key string, vals []any) (backends.Record, error) {
 		LeaseExpiresAt: time.UnixMilli(num("le")),
 		Fingerprint:    bytesOrNil(f["f"]),
 		Output:         bytesOrNil(f["out"]),
+		ExpiresAt:      expires,
 	}
-	if pttl >= 0 {
-		rec.ExpiresAt = now.Add(time.Duration(pttl) * time.Millisecond)
-	}
-	rec.State = state(f["s"], rec.LeaseExpiresAt, now)
+	rec.State = legacyState(f["s"], rec.LeaseExpiresAt, now)
 	if rec.State == backends.StateCompleted {
 		rec.CompletedAt = time.UnixMilli(num("ca"))
 	}
-	return rec, nil
+	return rec
 }
 
-// state is the state of a record whose s field is s and whose lease
-// expires at leaseExpires, at now.
-func state(s string, leaseExpires, now time.Time) backends.State {
+// legacyState is the state of a 0.1.0 record whose s field is s and whose
+// lease expires at leaseExpires, at now.
+func legacyState(s string, leaseExpires, now time.Time) backends.State {
 	switch {
 	case s == "3":
 		return backends.StateCompleted
@@ -346,7 +442,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := storekit.ValidateKey(key); err != nil {
 		return err
 	}
-	n, err := s.calls.run(ctx, deleteScript, s.redisKey(key)).Int64()
+	n, err := s.calls.run(ctx, deleteScript, []string{s.prefix + key}).Int64()
 	if err != nil {
 		return opError(ctx, "delete", err)
 	}

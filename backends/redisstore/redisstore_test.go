@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -98,23 +100,47 @@ func TestNewRejectsOtherClients(t *testing.T) {
 	require.Equal(t, redisstore.Options{Prefix: redisstore.DefaultPrefix}, s.Options(), "the defaults applied")
 }
 
+// One string per key, under the prefix, in the layout docs/redis.md
+// describes; it expires one retention after the lease, then one
+// retention after the completion.
 func TestKeyLayout(t *testing.T) {
 	client := testserver.RedisClient(t)
 	s, err := redisstore.New(client, redisstore.Options{Prefix: "layout-test:"})
 	require.NoError(t, err)
 	ctx := context.Background()
 	key := testserver.Unique("k")
-	t.Cleanup(func() { client.Del(context.Background(), "layout-test:"+key) })
+	rkey := "layout-test:" + key
+	t.Cleanup(func() { client.Del(context.Background(), rkey) })
 
-	res, err := s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o", LeaseTTL: 10 * time.Second, Retention: time.Hour})
+	res, err := s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o", LeaseTTL: 10 * time.Second, Retention: time.Hour, Fingerprint: []byte("f:p")})
 	require.NoError(t, err)
-	require.Equal(t, "hash", client.Type(ctx, "layout-test:"+key).Val(), "one hash per key, under the prefix")
-	ttl := client.PTTL(ctx, "layout-test:"+key).Val()
+	require.Equal(t, "string", client.Type(ctx, rkey).Val(), "one string per key, under the prefix")
+	require.Equal(t, "p1:o\x001:3600000:3:f:p", client.Get(ctx, rkey).Val())
+	ttl := client.PTTL(ctx, rkey).Val()
 	require.Greater(t, ttl, time.Hour, "kept for the lease plus the retention")
 	require.LessOrEqual(t, ttl, time.Hour+10*time.Second)
 
-	require.NoError(t, s.Complete(ctx, res.Lease, []byte("out")))
-	ttl = client.PTTL(ctx, "layout-test:"+key).Val()
+	require.NoError(t, s.Release(ctx, res.Lease))
+	require.Equal(t, "r1:o\x001:3600000:3:f:p", client.Get(ctx, rkey).Val())
+	res, err = s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o2", LeaseTTL: 10 * time.Second, Retention: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, "p2:o2\x002:3600000:3:f:p", client.Get(ctx, rkey).Val())
+
+	before := time.Now()
+	require.NoError(t, s.Complete(ctx, res.Lease, []byte("out:put")))
+	v := client.Get(ctx, rkey).Val()
+	head, rest, ok := strings.Cut(v, "f:p")
+	require.True(t, ok, "%q", v)
+	require.Equal(t, "c2:o2\x002:3600000:3:", head)
+	secs, rest, _ := strings.Cut(rest, ":")
+	usecs, out, _ := strings.Cut(rest, ":")
+	require.Equal(t, "out:put", out)
+	sec, err := strconv.ParseInt(secs, 10, 64)
+	require.NoError(t, err)
+	usec, err := strconv.ParseInt(usecs, 10, 64)
+	require.NoError(t, err)
+	require.WithinDuration(t, before, time.Unix(sec, usec*1000), time.Minute, "the completion's time, the server's")
+	ttl = client.PTTL(ctx, rkey).Val()
 	require.Greater(t, ttl, 59*time.Minute, "kept for the retention from the completion")
 	require.LessOrEqual(t, ttl, time.Hour)
 }
@@ -144,7 +170,7 @@ func (h *loseReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 func (h *loseReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if err == nil && h.n.Add(-1) >= 0 {
+		if (err == nil || errors.Is(err, redis.Nil)) && h.n.Add(-1) >= 0 {
 			err = errors.New("read tcp: i/o timeout")
 			cmd.SetErr(err)
 		}
@@ -328,4 +354,51 @@ func TestRing(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the completion did not wake the watch")
 	}
+}
+
+// serverError is an error reply of Redis.
+type serverError string
+
+func (e serverError) Error() string { return string(e) }
+func (serverError) RedisError()     {}
+
+// noSetGet is a hook that answers SET ... NX ... GET as a server before
+// Redis 7.0 does, and counts the SETs it sees.
+type noSetGet struct{ sets atomic.Int32 }
+
+func (h *noSetGet) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *noSetGet) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *noSetGet) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "set" {
+			h.sets.Add(1)
+			err := serverError("ERR syntax error")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// On a server that refuses SET NX GET (before Redis 7.0), Acquire takes
+// the script instead, at once and from then on.
+func TestServerWithoutSetNXGet(t *testing.T) {
+	h := &noSetGet{}
+	client := clientWithHook(t, testserver.RedisClient(t).Options().Addr, h)
+	s := newStore(t, client)
+	ctx := context.Background()
+	for i, key := range []string{"a", "b", "c"} {
+		res, err := s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
+		require.NoError(t, err, "acquire %d", i)
+		require.Equal(t, backends.Acquired, res.Status)
+		require.EqualValues(t, 1, res.Lease.Token)
+		require.NoError(t, s.Complete(ctx, res.Lease, []byte(key)))
+		res, err = s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o2", LeaseTTL: time.Minute, Retention: time.Minute})
+		require.NoError(t, err)
+		require.Equal(t, backends.Completed, res.Status)
+		require.Equal(t, key, string(res.Output))
+	}
+	require.EqualValues(t, 1, h.sets.Load(), "SET NX GET tried once")
 }

@@ -1,17 +1,25 @@
--- Releases the lease on KEYS[1] if ARGV owner and token still hold it, and
--- wakes the key's watchers (see complete.lua). The record, with its
+-- Releases the lease on KEYS[1] if the lease of ARGV[1] still holds it,
+-- and wakes the key's watchers (see complete.lua). The record, with its
 -- fencing token, is kept for its retention.
--- ARGV: owner, token. Returns 1, or 0 if the lease is lost.
-local r = redis.call('HMGET', KEYS[1], 's', 'o', 't', 'r')
-if r[1] ~= '1' or r[2] ~= ARGV[1] or r[3] ~= ARGV[2] then
+-- ARGV: the start of the holder's record (see complete.lua). Returns 1,
+-- or 0 if the lease is lost.
+local h = ARGV[1]
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' then
+  if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+    return 0
+  end
+  return v
+end
+if not v or string.sub(v, 1, #h) ~= h then
   return 0
 end
-local retention = tonumber(r[4])
-if retention <= 0 then
+local i = string.find(v, ':', #h + 1, true)
+local retention = string.sub(v, i + 1, string.find(v, ':', i + 1, true) - 1)
+if retention == '0' then
   redis.call('DEL', KEYS[1])
 else
-  redis.call('HSET', KEYS[1], 's', 2)
-  redis.call('PEXPIRE', KEYS[1], retention)
+  redis.call('SET', KEYS[1], 'r' .. string.sub(v, 2), 'PX', retention)
 end
 pcall(redis.call, 'SPUBLISH', KEYS[1], '')
 return 1

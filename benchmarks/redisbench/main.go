@@ -8,21 +8,27 @@
 //	(d) the middleware end to end on a GoChannel router: the latency it adds
 //	    per message, in Redis round trips (a PING measured in the same run),
 //	    and against two back-to-back PINGs and the store's own two calls
-//	(e) 64 concurrent deliveries in one process on one client: the store's
+//	(e) 50 concurrent deliveries in one process on one client: the store's
 //	    Acquire+Complete cycles per second with calls coalesced (the
 //	    default), (f) redislock Obtain+Release and (g) the store with
 //	    CoalesceOff, at the same concurrency
 //	(h) one caller: Acquire+Complete back to back with coalescing on and
 //	    off, the two alternating cycle by cycle
+//	(i) the server's time per call of each store call, alone, one caller
+//	    (INFO commandstats before and after each: the scripts' EVALSHA, or
+//	    the plain commands of a call that runs none)
 //
 // For (e), (f) and (g) it also reads how busy the server's main thread
 // was (INFO cpu, before and after each run): a store whose calls are
-// already batched cannot go faster than that thread runs its scripts.
+// already batched cannot go faster than that thread runs its scripts. And
+// it divides by the cycles of the run the CPU time the whole server used
+// (INFO cpu used_cpu_sys + used_cpu_user) and the CPU time this process,
+// the client, used (getrusage): the cost of a cycle on each side.
 //
 // It prints a table with the ratios, and the memory one completed record
 // takes.
 //
-//	go run ./redisbench -addr 127.0.0.1:6379 -clients 50 -deliveries 64 -duration 5s
+//	go run ./redisbench -addr 127.0.0.1:6379 -clients 50 -deliveries 50 -duration 5s
 package main
 
 import (
@@ -36,8 +42,11 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -60,7 +69,7 @@ func main() {
 	requests := flag.Int("requests", 200000, "requests for redis-benchmark (a)")
 	messages := flag.Int("messages", 3000, "messages for (d)")
 	rounds := flag.Int("rounds", 3, "rounds of (a), (b) and (c), and of (e), (f) and (g), interleaved; medians are reported")
-	deliveries := flag.Int("deliveries", 64, "concurrent deliveries for (e), (f) and (g)")
+	deliveries := flag.Int("deliveries", 50, "concurrent deliveries for (e), (f) and (g)")
 	flag.Parse()
 	if err := run(*addr, *clients, *deliveries, *duration, *requests, *messages, *rounds); err != nil {
 		fmt.Fprintln(os.Stderr, "redisbench:", err)
@@ -160,6 +169,10 @@ func run(addr string, clients, deliveries int, duration time.Duration, requests,
 	if err != nil {
 		return err
 	}
+	costs, err := callCosts(ctx, client, store, 2000)
+	if err != nil {
+		return err
+	}
 
 	added := withStore - bare
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -182,9 +195,137 @@ func run(addr string, clients, deliveries int, duration time.Duration, requests,
 	fmt.Fprintf(w, "(g) %d deliveries: Acquire+Complete, CoalesceOff\t%s cycles/s\t%.2f = (e)/(g)\t\t\n", deliveries, count(co.off), co.on/co.off)
 	fmt.Fprintf(w, "(g) against redislock\t\t%.2f = (g)/(f)\t\t\n", co.off/co.lock)
 	fmt.Fprintf(w, "Redis main thread busy during (e), (f), (g)\t%.0f%%, %.0f%%, %.0f%%\t\t\t\n", 100*co.busyOn, 100*co.busyLock, 100*co.busyOff)
+	fmt.Fprintf(w, "calls per server read during (e), (f), (g)\t%.1f, %.1f, %.1f\t\t\t\n", co.perReadOn, co.perReadLock, co.perReadOff)
+	fmt.Fprintf(w, "(e) server CPU per cycle, coalesced\t%.1f µs\t%.2f × (f)\t≤ 15 µs\t\n", co.srvOn, co.srvOn/co.srvLock)
+	fmt.Fprintf(w, "(f) server CPU per cycle, redislock\t%.1f µs\t\t\t\n", co.srvLock)
+	fmt.Fprintf(w, "(g) server CPU per cycle, CoalesceOff\t%.1f µs\t\t\t\n", co.srvOff)
+	fmt.Fprintf(w, "(e) client CPU per cycle, coalesced\t%.1f µs\t%.2f × (f)\t\t\n", co.cliOn, co.cliOn/co.cliLock)
+	fmt.Fprintf(w, "(f) client CPU per cycle, redislock\t%.1f µs\t\t\t\n", co.cliLock)
+	fmt.Fprintf(w, "(g) client CPU per cycle, CoalesceOff\t%.1f µs\t\t\t\n", co.cliOff)
+	fmt.Fprintf(w, "server + client CPU per cycle, (f)/(e)\t%.1f / %.1f µs\t%.2f = (f)/(e)\t≥ 2.00\t\n",
+		co.srvLock+co.cliLock, co.srvOn+co.cliOn, (co.srvLock+co.cliLock)/(co.srvOn+co.cliOn))
 	fmt.Fprintf(w, "(h) one caller: Acquire+Complete, coalescing on\t%s\t%.3f × off\t≤ 1.05\t\n", us(co.loneOn), float64(co.loneOn)/float64(co.loneOff))
 	fmt.Fprintf(w, "(h) one caller: Acquire+Complete, CoalesceOff\t%s\t\t\t\n", us(co.loneOff))
+	fmt.Fprintln(w, "\t\t\t\t")
+	fmt.Fprintln(w, "(i) server time per store call (INFO commandstats)\tcommand\tcalls\tµs per call\t")
+	for _, c := range costs {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%.2f\t\n", c.call, c.cmd, c.calls, c.usecPerCall)
+	}
 	return w.Flush()
+}
+
+// cost is what the server spent on one command during one kind of store
+// call.
+type cost struct {
+	call, cmd   string
+	calls       int64
+	usecPerCall float64
+}
+
+// callCosts runs each kind of store call n times, one after another, on
+// fresh keys, and reads from INFO commandstats what the server spent on
+// each: the scripts (EVALSHA, EVAL; their time includes the commands they
+// call), or the plain commands of a call that runs no script.
+func callCosts(ctx context.Context, c *redis.Client, store *redisstore.Store, n int) ([]cost, error) {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = load.NextKey()
+	}
+	leases := make([]backends.Lease, n)
+	acquire := func(owner string, want backends.Status) func(int) error {
+		return func(i int) error {
+			res, err := store.Acquire(ctx, backends.AcquireRequest{Key: keys[i], Owner: owner + keys[i], LeaseTTL: 30 * time.Second, Retention: time.Hour})
+			if err != nil {
+				return err
+			}
+			if res.Status != want {
+				return fmt.Errorf("key %s: %v, want %v", keys[i], res.Status, want)
+			}
+			leases[i] = res.Lease
+			return nil
+		}
+	}
+	steps := []struct {
+		name string
+		op   func(int) error
+	}{
+		{"Acquire, new key", acquire("a", backends.Acquired)},
+		{"Renew", func(i int) error { return store.Renew(ctx, leases[i], 30*time.Second) }},
+		{"Release", func(i int) error { return store.Release(ctx, leases[i]) }},
+		{"Acquire, released key", acquire("b", backends.Acquired)},
+		{"Complete", func(i int) error { return store.Complete(ctx, leases[i], nil) }},
+		{"Acquire, completed key", acquire("c", backends.Completed)},
+	}
+	var out []cost
+	for _, st := range steps {
+		before, err := commandStats(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		for i := range n {
+			if err := st.op(i); err != nil {
+				return nil, fmt.Errorf("%s: %w", st.name, err)
+			}
+		}
+		after, err := commandStats(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		var rows []cost
+		scripts := false
+		for cmd, a := range after {
+			b := before[cmd]
+			if a[0] == b[0] {
+				continue
+			}
+			calls, usec := a[0]-b[0], a[1]-b[1]
+			rows = append(rows, cost{call: st.name, cmd: cmd, calls: calls, usecPerCall: float64(usec) / float64(calls)})
+			scripts = scripts || cmd == "evalsha" || cmd == "eval"
+		}
+		if scripts {
+			rows = slices.DeleteFunc(rows, func(r cost) bool { return r.cmd != "evalsha" && r.cmd != "eval" })
+		}
+		rows = slices.DeleteFunc(rows, func(r cost) bool { return r.cmd == "info" })
+		slices.SortFunc(rows, func(a, b cost) int { return strings.Compare(a.cmd, b.cmd) })
+		out = append(out, rows...)
+	}
+	return out, nil
+}
+
+// commandStats returns INFO commandstats: calls and usec by command.
+func commandStats(ctx context.Context, c *redis.Client) (map[string][2]int64, error) {
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][2]int64{}
+	for line := range strings.Lines(info) {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var v [2]int64
+		for field := range strings.SplitSeq(rest, ",") {
+			k, val, _ := strings.Cut(field, "=")
+			switch k {
+			case "calls":
+				v[0], _ = strconv.ParseInt(val, 10, 64)
+			case "usec":
+				v[1], _ = strconv.ParseInt(val, 10, 64)
+			}
+		}
+		out[strings.TrimPrefix(name, "cmdstat_")] = v
+	}
+	return out, nil
+}
+
+// clientCPU is the CPU time this process has used, user and system.
+func clientCPU() (time.Duration, error) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, err
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
 
 // coalesced holds the figures of (e) to (h), and the share of its time
@@ -192,7 +333,12 @@ func run(addr string, clients, deliveries int, duration time.Duration, requests,
 type coalesced struct {
 	on, off, lock             float64
 	busyOn, busyOff, busyLock float64
-	loneOn, loneOff           time.Duration
+	// µs of CPU per cycle: the whole server's, and this process's
+	srvOn, srvOff, srvLock float64
+	cliOn, cliOff, cliLock float64
+	// calls (two per cycle) per read of the server from a connection
+	perReadOn, perReadOff, perReadLock float64
+	loneOn, loneOff                    time.Duration
 }
 
 // coalescing measures (e) to (h) on a client of its own whose pool has a
@@ -218,37 +364,77 @@ func coalescing(addr, prefix string, deliveries int, duration time.Duration, mes
 		}
 		return l.Release(ctx)
 	}
-	var onRuns, offRuns, lockRuns, onBusy, offBusy, lockBusy []float64
-	measure := func(runs, busy *[]float64, op func(context.Context, string) error) func() error {
+	type runs struct{ rate, busy, srv, cli, perRead []float64 }
+	var onRuns, offRuns, lockRuns runs
+	measure := func(m *runs, op func(context.Context, string) error) func() error {
 		return func() error {
+			var cycles atomic.Int64
+			counted := func(ctx context.Context, key string) error {
+				err := op(ctx, key)
+				if err == nil {
+					cycles.Add(1)
+				}
+				return err
+			}
 			cpu0, err := serverCPU(client)
 			if err != nil {
 				return err
 			}
+			srv0, err := serverProcessCPU(client)
+			if err != nil {
+				return err
+			}
+			cli0, err := clientCPU()
+			if err != nil {
+				return err
+			}
+			reads0, err := serverReads(client)
+			if err != nil {
+				return err
+			}
 			start := time.Now()
-			v, err := load.Cycles(deliveries, duration, op)
+			v, err := load.Cycles(deliveries, duration, counted)
 			if err != nil {
 				return err
 			}
 			elapsed := time.Since(start)
+			cli1, err := clientCPU()
+			if err != nil {
+				return err
+			}
 			cpu1, err := serverCPU(client)
 			if err != nil {
 				return err
 			}
-			*runs = append(*runs, v)
-			*busy = append(*busy, (cpu1-cpu0).Seconds()/elapsed.Seconds())
+			srv1, err := serverProcessCPU(client)
+			if err != nil {
+				return err
+			}
+			reads1, err := serverReads(client)
+			if err != nil {
+				return err
+			}
+			n := float64(cycles.Load())
+			m.perRead = append(m.perRead, 2*n/(reads1-reads0))
+			m.rate = append(m.rate, v)
+			m.busy = append(m.busy, (cpu1-cpu0).Seconds()/elapsed.Seconds())
+			m.srv = append(m.srv, float64((srv1-srv0)/time.Nanosecond)/1e3/n)
+			m.cli = append(m.cli, float64((cli1-cli0)/time.Nanosecond)/1e3/n)
 			return nil
 		}
 	}
 	if err := load.Rounds(rounds,
-		measure(&onRuns, &onBusy, load.StoreCycle(on)),
-		measure(&lockRuns, &lockBusy, obtainRelease),
-		measure(&offRuns, &offBusy, load.StoreCycle(off)),
+		measure(&onRuns, load.StoreCycle(on)),
+		measure(&lockRuns, obtainRelease),
+		measure(&offRuns, load.StoreCycle(off)),
 	); err != nil {
 		return r, err
 	}
-	r.on, r.off, r.lock = load.Median(onRuns), load.Median(offRuns), load.Median(lockRuns)
-	r.busyOn, r.busyOff, r.busyLock = load.Median(onBusy), load.Median(offBusy), load.Median(lockBusy)
+	r.on, r.off, r.lock = load.Median(onRuns.rate), load.Median(offRuns.rate), load.Median(lockRuns.rate)
+	r.busyOn, r.busyOff, r.busyLock = load.Median(onRuns.busy), load.Median(offRuns.busy), load.Median(lockRuns.busy)
+	r.srvOn, r.srvOff, r.srvLock = load.Median(onRuns.srv), load.Median(offRuns.srv), load.Median(lockRuns.srv)
+	r.cliOn, r.cliOff, r.cliLock = load.Median(onRuns.cli), load.Median(offRuns.cli), load.Median(lockRuns.cli)
+	r.perReadOn, r.perReadOff, r.perReadLock = load.Median(onRuns.perRead), load.Median(offRuns.perRead), load.Median(lockRuns.perRead)
 	r.loneOn, r.loneOff, err = alternating(messages, load.StoreCycle(on), load.StoreCycle(off))
 	return r, err
 }
@@ -391,12 +577,47 @@ func cleanup(c *redis.Client, prefix string) {
 	}
 }
 
+// serverProcessCPU is the CPU time the whole server process has used,
+// user and system (INFO cpu).
+func serverProcessCPU(c *redis.Client) (time.Duration, error) {
+	fields, err := cpuInfo(c)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration((fields["used_cpu_user"] + fields["used_cpu_sys"]) * float64(time.Second)), nil
+}
+
 // serverCPU is the CPU time the server's main thread has used (INFO cpu,
 // Redis 6.2 and later), or the whole process's on an older server.
 func serverCPU(c *redis.Client) (time.Duration, error) {
-	info, err := c.Info(context.Background(), "cpu").Result()
+	fields, err := cpuInfo(c)
 	if err != nil {
 		return 0, err
+	}
+	secs, ok := fields["used_cpu_user_main_thread"]
+	if ok {
+		secs += fields["used_cpu_sys_main_thread"]
+	} else {
+		secs = fields["used_cpu_user"] + fields["used_cpu_sys"]
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}
+
+// cpuInfo returns the numbers of INFO cpu by name.
+func cpuInfo(c *redis.Client) (map[string]float64, error) { return infoNumbers(c, "cpu") }
+
+// serverReads is how many times the server has read from its clients'
+// connections (INFO stats, Redis 6.0 and later).
+func serverReads(c *redis.Client) (float64, error) {
+	fields, err := infoNumbers(c, "stats")
+	return fields["total_reads_processed"], err
+}
+
+// infoNumbers returns the numbers of an INFO section by name.
+func infoNumbers(c *redis.Client, section string) (map[string]float64, error) {
+	info, err := c.Info(context.Background(), section).Result()
+	if err != nil {
+		return nil, err
 	}
 	fields := map[string]float64{}
 	for line := range strings.Lines(info) {
@@ -408,11 +629,5 @@ func serverCPU(c *redis.Client) (time.Duration, error) {
 			fields[name] = f
 		}
 	}
-	secs, ok := fields["used_cpu_user_main_thread"]
-	if ok {
-		secs += fields["used_cpu_sys_main_thread"]
-	} else {
-		secs = fields["used_cpu_user"] + fields["used_cpu_sys"]
-	}
-	return time.Duration(secs * float64(time.Second)), nil
+	return fields, nil
 }

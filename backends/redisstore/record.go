@@ -1,0 +1,142 @@
+package redisstore
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
+
+// A record is one Redis string (acquire.lua describes the layout):
+//
+//	state token ':' owner '\0' attempt ':' retention ':' len(fp) ':' fp [seconds ':' microseconds ':' output]
+//
+// The client writes a fresh key's record itself, with one SET NX PX GET;
+// the scripts only ever cut a record at its separators and join the
+// pieces, so no script converts a number on the common path.
+const (
+	statePending   = 'p'
+	stateReleased  = 'r'
+	stateCompleted = 'c'
+)
+
+// record is a decoded record.
+type record struct {
+	state       byte
+	token       int64
+	owner       string
+	attempt     int
+	retention   int64 // ms
+	fingerprint []byte
+	completedAt time.Time // completed only
+	output      []byte    // completed only
+	headerOnly  bool      // decoded from a prefix: no fingerprint or output
+}
+
+// errNotRecord is the error of a string that is not a record.
+var errNotRecord = errors.New("the key holds a string that is not a record of this store")
+
+// freshRecord is the record of a key's first lease.
+func freshRecord(owner string, retention int64, fp []byte) string {
+	var b strings.Builder
+	b.Grow(len(owner) + len(fp) + 32)
+	b.WriteString("p1:")
+	b.WriteString(owner)
+	b.WriteString("\x001:")
+	b.WriteString(strconv.FormatInt(retention, 10))
+	b.WriteByte(':')
+	b.WriteString(strconv.Itoa(len(fp)))
+	b.WriteByte(':')
+	b.Write(fp)
+	return b.String()
+}
+
+// leaseHeader is the start of the record of the lease l holds: what
+// complete.lua, release.lua and renew.lua compare the record with.
+func leaseHeader(l backends.Lease) string {
+	return "p" + strconv.FormatInt(l.Token, 10) + ":" + l.Owner + "\x00"
+}
+
+// decodeRecord decodes v. With headerOnly, v may be cut anywhere after
+// the retention (list.go reads records' first bytes only).
+func decodeRecord(v string, headerOnly bool) (record, error) {
+	var r record
+	if len(v) < 2 {
+		return r, errNotRecord
+	}
+	r.state = v[0]
+	if r.state != statePending && r.state != stateReleased && r.state != stateCompleted {
+		return r, errNotRecord
+	}
+	rest := v[1:]
+	next := func(sep byte) (string, bool) {
+		i := strings.IndexByte(rest, sep)
+		if i < 0 {
+			return "", false
+		}
+		s := rest[:i]
+		rest = rest[i+1:]
+		return s, true
+	}
+	num := func(sep byte) (int64, bool) {
+		s, ok := next(sep)
+		if !ok {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		return n, err == nil
+	}
+	var ok bool
+	if r.token, ok = num(':'); !ok {
+		return r, errNotRecord
+	}
+	if r.owner, ok = next(0); !ok {
+		return r, errNotRecord
+	}
+	attempt, ok := num(':')
+	if !ok {
+		return r, errNotRecord
+	}
+	r.attempt = int(attempt)
+	if r.retention, ok = num(':'); !ok {
+		return r, errNotRecord
+	}
+	if headerOnly {
+		r.headerOnly = true
+		return r, nil
+	}
+	fpLen, ok := num(':')
+	if !ok || fpLen < 0 || fpLen > int64(len(rest)) {
+		return r, errNotRecord
+	}
+	if fpLen > 0 {
+		r.fingerprint = []byte(rest[:fpLen])
+	}
+	rest = rest[fpLen:]
+	if r.state != stateCompleted {
+		if rest != "" {
+			return r, errNotRecord
+		}
+		return r, nil
+	}
+	sec, ok := num(':')
+	if !ok {
+		return r, errNotRecord
+	}
+	usec, ok := num(':')
+	if !ok {
+		return r, errNotRecord
+	}
+	r.completedAt = time.Unix(sec, usec*1000)
+	if rest != "" {
+		r.output = []byte(rest)
+	}
+	return r, nil
+}
+
+// lease is the lease a record of state p holds on key.
+func (r record) lease(key string) backends.Lease {
+	return backends.Lease{Key: key, Owner: r.owner, Token: r.token, Attempt: r.attempt}
+}
