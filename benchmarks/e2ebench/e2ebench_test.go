@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -108,6 +109,35 @@ func TestRunFailsUnlessOncePerKey(t *testing.T) {
 		_, err := run(context.Background(), cfg, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: got error %v, want one saying %q", c.variant, err, c.want)
+		}
+	}
+}
+
+// TestCheck counts runs per key against what was published.
+func TestCheck(t *testing.T) {
+	w := &workload{uuids: []string{"a", "b", "c", "d"}, copies: []int32{1, 2, 1, 2}}
+	for _, c := range []struct {
+		runs         []int32
+		once, copies string // "" for no error
+	}{
+		{runs: []int32{1, 1, 1, 1}, copies: "2 of 4 keys ran other than once per copy"},
+		{runs: []int32{1, 2, 1, 2}, once: "2 of 4 keys ran more than once (d ran 2 times)"},
+		{runs: []int32{1, 1, 0, 1}, once: "1 of 4 keys never ran (c never ran)", copies: "3 of 4"},
+		{runs: []int32{2, 1, 0, 1}, once: "1 of 4 keys ran more than once (a ran 2 times); 1 of 4 keys never ran (c never ran)", copies: "4 of 4"},
+	} {
+		runs := make([]atomic.Int32, len(c.runs))
+		for i, n := range c.runs {
+			runs[i].Store(n)
+		}
+		once, copies := check(w, runs)
+		for _, got := range []struct {
+			name string
+			err  error
+			want string
+		}{{"once", once, c.once}, {"copies", copies, c.copies}} {
+			if (got.err == nil) != (got.want == "") || (got.err != nil && !strings.Contains(got.err.Error(), got.want)) {
+				t.Errorf("runs %v: %s: got %v, want %q", c.runs, got.name, got.err, got.want)
+			}
 		}
 	}
 }
