@@ -180,3 +180,58 @@ func mariadbCPU(ctx context.Context, db *sql.DB) (meter, error) {
 	}
 	return treeCPU(pid), nil
 }
+
+// commandStats are Redis's commands: calls and the time spent executing
+// them (INFO commandstats's usec, which leaves out reading the request
+// and writing the reply), by command name.
+type commandStats map[string]commandStat
+
+type commandStat struct {
+	calls int64
+	exec  time.Duration
+}
+
+// redisCommands reads INFO commandstats.
+func redisCommands(ctx context.Context, client *redis.Client) (commandStats, error) {
+	info, err := client.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	stats := commandStats{}
+	for line := range strings.SplitSeq(info, "\n") {
+		// cmdstat_evalsha:calls=3,usec=40,usec_per_call=13.33,...
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var st commandStat
+		for field := range strings.SplitSeq(fields, ",") {
+			k, v, _ := strings.Cut(field, "=")
+			n, err := strconv.ParseInt(v, 10, 64)
+			switch {
+			case k != "calls" && k != "usec":
+				continue
+			case err != nil:
+				return nil, fmt.Errorf("INFO commandstats: %s: %w", line, err)
+			case k == "calls":
+				st.calls = n
+			default:
+				st.exec = time.Duration(n) * time.Microsecond
+			}
+		}
+		stats[strings.ToUpper(strings.TrimPrefix(name, "cmdstat_"))] = st
+	}
+	return stats, nil
+}
+
+// minus is what ran since before.
+func (c commandStats) minus(before commandStats) commandStats {
+	d := commandStats{}
+	for name, st := range c {
+		b := before[name]
+		if st.calls > b.calls {
+			d[name] = commandStat{calls: st.calls - b.calls, exec: st.exec - b.exec}
+		}
+	}
+	return d
+}

@@ -58,6 +58,11 @@ func TestBenchmark(t *testing.T) {
 			if m.elapsed <= 0 || m.client <= 0 || m.redis <= 0 {
 				t.Errorf("%s, round %d: elapsed %v, client CPU %v, Redis CPU %v: each must be positive", r.variant.name, i+1, m.elapsed, m.client, m.redis)
 			}
+			// Every message is acked; a consumer's last ack may still be on
+			// its way when the run ends.
+			if acks := m.commands["XACK"].calls; acks < int64(cfg.messages-cfg.consumers) || acks > int64(cfg.messages) {
+				t.Errorf("%s, round %d: Redis counted %d XACKs for %d messages", r.variant.name, i+1, acks, cfg.messages)
+			}
 			if r.variant.server != noServer && (!m.storeKnown || m.store <= 0) {
 				t.Errorf("%s, round %d: the store's server's CPU %v (measured: %v) must be measured and positive", r.variant.name, i+1, m.store, m.storeKnown)
 			}

@@ -157,7 +157,8 @@ type measurement struct {
 	redis      time.Duration // the Redis server's CPU
 	store      time.Duration // the store's server's CPU, if it has one
 	storeKnown bool
-	nacks      int64 // deliveries that failed and came back
+	commands   commandStats // the commands Redis ran
+	nacks      int64        // deliveries that failed and came back
 	// With this middleware: deliveries dropped as duplicates, and
 	// deliveries that waited for another's lease on their key.
 	duplicates, waited int64
@@ -272,6 +273,7 @@ func (e *env) runOnce(ctx context.Context, v variant, w *workload, round int) (m
 		redis:      after.redis - before.redis,
 		store:      after.store - before.store,
 		storeKnown: after.storeKnown,
+		commands:   after.commands.minus(before.commands),
 		nacks:      nacks.Load(),
 		duplicates: counters.Count(idempotency.OutcomeDuplicate),
 		waited:     counters.Waited(),
@@ -308,6 +310,7 @@ func (e *env) wait(ctx context.Context, done <-chan struct{}, acked *atomic.Int6
 type sample struct {
 	client, redis, store time.Duration
 	storeKnown           bool
+	commands             commandStats // Redis's, INFO commandstats
 }
 
 // sample reads the meters: this process's last at the start and first at
@@ -319,6 +322,8 @@ func (e *env) sample(ctx context.Context, v variant, end bool) (sample, error) {
 		if s.client, err = selfCPU(ctx); err != nil {
 			return s, err
 		}
+	} else if s.commands, err = redisCommands(ctx, e.redis); err != nil {
+		return s, err
 	}
 	if s.redis, err = redisCPU(e.redis)(ctx); err != nil {
 		return s, err
@@ -333,6 +338,8 @@ func (e *env) sample(ctx context.Context, v variant, end bool) (sample, error) {
 		if s.client, err = selfCPU(ctx); err != nil {
 			return s, err
 		}
+	} else if s.commands, err = redisCommands(ctx, e.redis); err != nil {
+		return s, err
 	}
 	return s, nil
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -73,6 +75,29 @@ func printTable(out io.Writer, e *env, versions []string, results []result) {
 		}
 		fmt.Fprintf(out, "%s nacked\n", med(func(m measurement) int64 { return m.nacks }))
 	}
+	// What Redis ran, per message. Execution leaves out reading requests
+	// and writing replies (system calls), which the Redis column counts.
+	fmt.Fprintln(out, "\nRedis commands per message, median: calls (µs executing them, INFO commandstats; "+
+		"commands a script runs count on their own as well as within EVALSHA's time)")
+	for _, r := range results {
+		names := map[string]bool{}
+		for _, m := range r.runs {
+			for name := range m.commands {
+				names[name] = true
+			}
+		}
+		var parts []string
+		for _, name := range slices.Sorted(maps.Keys(names)) {
+			calls := median(r.runs, func(m measurement) float64 { return float64(m.commands[name].calls) / float64(n) })
+			if calls >= 0.01 {
+				us := median(r.runs, func(m measurement) float64 { return perMsg(m.commands[name].exec, n) })
+				parts = append(parts, fmt.Sprintf("%s %.2f (%.1f)", name, calls, us))
+			}
+		}
+		fmt.Fprintf(out, "%s: %s\n", r.variant.name, strings.Join(parts, ", "))
+	}
+	fmt.Fprintln(out)
+
 	for _, s := range []server{postgresServer, mariadbServer} {
 		if err := e.noMeter[s]; err != nil {
 			fmt.Fprintln(out, err)
