@@ -146,3 +146,37 @@ func TestCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkload checks the published order: every key first as itself,
+// its copies after it and within the spread.
+func TestWorkload(t *testing.T) {
+	for _, c := range []struct {
+		n      int
+		dup    float64
+		spread int
+	}{{1000, 0.2, 10}, {1000, 0.5, 1}, {1, 0.9, 5}, {3, 0.99, 2}} {
+		w := newWorkload(c.n, c.dup, c.spread, 0)
+		if len(w.order) != c.n || len(w.uuids) != c.n-duplicateCount(c.n, c.dup) || len(w.uuids) < 1 {
+			t.Errorf("%+v: %d published, %d keys", c, len(w.order), len(w.uuids))
+			continue
+		}
+		// A key's first entry is its original; the originals are in key
+		// order, each copy lands between original key+0 and key+spread-1
+		// (inclusive) and the next original, or at the end.
+		seen := make([]bool, len(w.uuids))
+		next := int32(0) // the next original
+		for _, k := range w.order {
+			if !seen[k] {
+				if k != next {
+					t.Fatalf("%+v: key %d first published before key %d", c, k, next)
+				}
+				seen[k] = true
+				next++
+				continue
+			}
+			if last := next - 1; last < k || last > k+int32(c.spread)-1 {
+				t.Fatalf("%+v: a copy of key %d after original %d, want within %d of it", c, k, last, c.spread)
+			}
+		}
+	}
+}

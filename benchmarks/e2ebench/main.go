@@ -47,7 +47,7 @@ func main() {
 	flag.StringVar(&cfg.mysqlDSN, "mysql", "", "MariaDB or MySQL DSN (go-sql-driver), for mysqlstore")
 	flag.IntVar(&cfg.messages, "n", cfg.messages, "messages published per run, duplicates included")
 	flag.Float64Var(&cfg.duplicates, "dup", cfg.duplicates, "fraction of the messages that repeat an earlier message's UUID")
-	flag.IntVar(&cfg.spread, "spread", cfg.spread, "a duplicate is published between 1 and this many entries after its original")
+	flag.IntVar(&cfg.spread, "spread", cfg.spread, "each duplicate is published after its original and before the original this many keys later")
 	flag.IntVar(&cfg.consumers, "consumers", cfg.consumers, "router handlers, one redisstream subscriber each, in one consumer group")
 	flag.IntVar(&cfg.rounds, "rounds", cfg.rounds, "rounds; each runs every variant once, in an order that rotates")
 	variants := flag.String("variants", strings.Join(cfg.variants, ","), "variants to run, comma-separated; the first is the base of the ratios")

@@ -79,7 +79,8 @@ type workload struct {
 }
 
 // newWorkload publishes n messages of which a fraction dup repeat an
-// earlier message's UUID, each between 1 and spread entries after it.
+// earlier message's UUID, each after its original and before the original
+// spread keys later.
 // Which keys repeat, and where, is the same for a given round.
 func newWorkload(n int, dup float64, spread, round int) *workload {
 	dups := duplicateCount(n, dup)
@@ -123,8 +124,9 @@ func newWorkload(n int, dup float64, spread, round int) *workload {
 	return w
 }
 
-// duplicateCount is how many of n messages repeat an earlier one.
-func duplicateCount(n int, dup float64) int { return int(float64(n)*dup + 0.5) }
+// duplicateCount is how many of n messages repeat an earlier one: at
+// least one is not a duplicate.
+func duplicateCount(n int, dup float64) int { return min(int(float64(n)*dup+0.5), n-1) }
 
 // publish appends the workload to stream as a redisstream publisher
 // would, one XADD per message with its marshaller, pipelined: publishing

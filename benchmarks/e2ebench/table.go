@@ -20,7 +20,7 @@ func printTable(out io.Writer, e *env, versions []string, results []result) {
 	n := cfg.messages
 	distinct := n - duplicateCount(n, cfg.duplicates)
 	base := results[0]
-	fmt.Fprintf(out, "End to end on Redis Streams: %s messages per run, %s distinct keys (%.0f%% duplicates, each 1 to %d entries after its original), "+
+	fmt.Fprintf(out, "End to end on Redis Streams: %s messages per run, %s distinct keys (%.0f%% duplicates, each before the original %d keys after its own), "+
 		"%d router handlers in one consumer group, one process; median of %d rounds, the variants' order rotating each round\n",
 		thousands(float64(n)), thousands(float64(distinct)), 100*cfg.duplicates, cfg.spread, cfg.consumers, cfg.rounds)
 	fmt.Fprintf(out, "%s, GOMAXPROCS %d, %s\n", runtime.Version(), runtime.GOMAXPROCS(0), strings.Join(versions, ", "))
