@@ -25,7 +25,7 @@ func printTable(out io.Writer, e *env, versions []string, results []result) {
 		thousands(float64(n)), thousands(float64(distinct)), 100*cfg.duplicates, cfg.spread, cfg.consumers, cfg.rounds)
 	fmt.Fprintf(out, "%s, GOMAXPROCS %d, %s\n", runtime.Version(), runtime.GOMAXPROCS(0), strings.Join(versions, ", "))
 	fmt.Fprintf(out, "CPU per published message: client = this process (getrusage), Redis = INFO cpu, store server = the Postgres or MariaDB processes (/proc); "+
-		"ratios are medians of each round's ratio to %s\n\n", base.variant.name)
+		"ratios are medians of each round's ratio to %s in the same round (lowest–highest)\n\n", base.variant.name)
 
 	w := tabwriter.NewWriter(out, 0, 0, 1, ' ', 0)
 	fmt.Fprintf(w, "| variant\t| msg/s\t| × %s\t| client µs/msg\t| Redis µs/msg\t| store server µs/msg\t| total core-µs/msg\t| × %s\t|\n", base.variant.name, base.variant.name)
@@ -40,7 +40,7 @@ func printTable(out io.Writer, e *env, versions []string, results []result) {
 				store = fmt.Sprintf("%.1f", median(r.runs, func(m measurement) float64 { return perMsg(m.store, n) }))
 			}
 		}
-		fmt.Fprintf(w, "| %s\t| %s\t| %.2f×\t| %.1f\t| %.1f\t| %s\t| %.1f\t| %.2f×\t|\n",
+		fmt.Fprintf(w, "| %s\t| %s\t| %s\t| %.1f\t| %.1f\t| %s\t| %.1f\t| %s\t|\n",
 			r.variant.name,
 			thousands(median(r.runs, rate)),
 			ratio(r.runs, base.runs, rate),
@@ -115,13 +115,18 @@ func median(runs []measurement, f func(measurement) float64) float64 {
 }
 
 // ratio is the median over the rounds of f of a round's run over f of
-// the base's run in the same round.
-func ratio(runs, base []measurement, f func(measurement) float64) float64 {
+// the base's run in the same round, with the lowest and highest of them
+// when there are several rounds.
+func ratio(runs, base []measurement, f func(measurement) float64) string {
 	v := make([]float64, len(runs))
 	for i := range runs {
 		v[i] = f(runs[i]) / f(base[i])
 	}
-	return load.Median(v)
+	s := fmt.Sprintf("%.2f×", load.Median(v))
+	if len(v) > 1 {
+		s += fmt.Sprintf(" (%.2f–%.2f)", slices.Min(v), slices.Max(v))
+	}
+	return s
 }
 
 func firstErr(runs []measurement, f func(measurement) error) error {
