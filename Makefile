@@ -12,7 +12,7 @@ SHELL       := bash
 
 .PHONY: help
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: demo
 demo: ## Run the demo: in-memory store and GoChannel, no services needed
@@ -58,7 +58,7 @@ idem: ## Build the idem operator command into bin/idem
 
 # The modules' tests, longest first; TEST_JOBS of them run at once, each
 # module's output printed whole when it ends.
-TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/otel cmd/idem contrib/awssqs tools
+TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/otel cmd/idem contrib/awssqs benchmarks tools
 TEST_JOBS    ?= 3
 
 .PHONY: test
@@ -81,7 +81,7 @@ test-stress: bin/testenv ## Run the storm and fault tests 3 times while CPU hogs
 	@$(TESTENV) -- env GO=$(GO) TEST_FLAGS="$(TEST_FLAGS)" .ci/stress
 
 .PHONY: bench
-bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-wake ## Run every benchmark and print it against its baselines
+bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-wake bench-e2e ## Run every benchmark and print it against its baselines
 
 # The benchmarks run against private servers, as the tests do, unless you
 # name yours (TEST_DATABASE_URL, MYSQL_DSN, DYNAMODB_ENDPOINT, REDIS_ADDR).
@@ -111,6 +111,15 @@ bench-wake: bin/testenv ## Time from a holder's completion to its waiting duplic
 bench-redis: bin/testenv ## Benchmark the Redis store against redis-benchmark and redislock (private Redis, or REDIS_ADDR)
 	@mkdir -p $(BENCH_DIR)
 	@$(BENCH_ENV) redis -- sh -c 'cd benchmarks && $(GO) run ./redisbench -addr "$$REDIS_ADDR"' | tee $(BENCH_DIR)/redis.txt
+
+# E2E_FLAGS are e2ebench's own: -n, -rounds, -consumers, -dup, -spread,
+# -variants (go run ./e2ebench -h).
+E2E_FLAGS ?=
+
+.PHONY: bench-e2e
+bench-e2e: bin/testenv ## A user's path on Redis Streams, no middleware, the Deduplicator and each store: msg/s and CPU per message (private Redis, Postgres, MariaDB, or REDIS_ADDR, TEST_DATABASE_URL, MYSQL_DSN; E2E_FLAGS)
+	@mkdir -p $(BENCH_DIR)
+	@$(BENCH_ENV) redis,postgres,mariadb -- sh -c 'cd benchmarks && $(GO) run ./e2ebench -redis "$$REDIS_ADDR" -pg "$$TEST_DATABASE_URL" -mysql "$$MYSQL_DSN" $(E2E_FLAGS)' 2>&1 | tee $(BENCH_DIR)/e2e.txt
 
 .PHONY: bench-core
 bench-core: ## Benchmark the middleware on the in-memory store against Watermill's Deduplicator, and the OpenTelemetry observer against it

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
+)
+
+// testConfig is a small run against the servers `make test` starts.
+func testConfig(t *testing.T) config {
+	t.Helper()
+	cfg := defaultConfig()
+	for _, v := range []struct {
+		name string
+		into *string
+	}{{"REDIS_ADDR", &cfg.redisAddr}, {"TEST_DATABASE_URL", &cfg.pgURL}, {"MYSQL_DSN", &cfg.mysqlDSN}} {
+		if *v.into = os.Getenv(v.name); *v.into == "" {
+			t.Fatalf("%s is not set: run the tests with bin/testenv (docs/development.md)", v.name)
+		}
+	}
+	cfg.messages = 500
+	cfg.rounds = 2
+	// Duplicates close to their originals, so that some find their key
+	// in progress.
+	cfg.spread = 10
+	return cfg
+}
+
+// TestBenchmark runs every variant, small, and checks what it measured.
+func TestBenchmark(t *testing.T) {
+	cfg := testConfig(t)
+	var out bytes.Buffer
+	results, err := run(context.Background(), cfg, &out, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + out.String())
+	if len(results) != len(variants) {
+		t.Fatalf("%d results for %d variants", len(results), len(variants))
+	}
+	var waited int64
+	for _, r := range results {
+		if !strings.Contains(out.String(), "| "+r.variant.name+" ") {
+			t.Errorf("the table has no row for %s", r.variant.name)
+		}
+		if len(r.runs) != cfg.rounds {
+			t.Fatalf("%s: %d runs in %d rounds", r.variant.name, len(r.runs), cfg.rounds)
+		}
+		for i, m := range r.runs {
+			if m.elapsed <= 0 || m.client <= 0 || m.redis <= 0 {
+				t.Errorf("%s, round %d: elapsed %v, client CPU %v, Redis CPU %v: each must be positive", r.variant.name, i+1, m.elapsed, m.client, m.redis)
+			}
+			// Every message is acked; a consumer's last ack may still be on
+			// its way when the run ends.
+			if acks := m.commands["XACK"].calls; acks < int64(cfg.messages-cfg.consumers) || acks > int64(cfg.messages) {
+				t.Errorf("%s, round %d: Redis counted %d XACKs for %d messages", r.variant.name, i+1, acks, cfg.messages)
+			}
+			if r.variant.server != noServer && (!m.storeKnown || m.store <= 0) {
+				t.Errorf("%s, round %d: the store's server's CPU %v (measured: %v) must be measured and positive", r.variant.name, i+1, m.store, m.storeKnown)
+			}
+			if r.variant.once {
+				if m.once != nil {
+					t.Errorf("%s, round %d: %v", r.variant.name, i+1, m.once)
+				}
+				if want := int64(duplicateCount(cfg.messages, cfg.duplicates)); m.duplicates != want {
+					t.Errorf("%s, round %d: %d deliveries dropped as duplicates, want %d", r.variant.name, i+1, m.duplicates, want)
+				}
+				waited += m.waited
+			}
+			// Without middleware every copy runs the handler: the check
+			// that finds a key run twice finds the duplicates.
+			if r.variant.name == "none" && (m.copies != nil || m.once == nil) {
+				t.Errorf("none, round %d: per copy: %v; once per key: %v (want an error)", i+1, m.copies, m.once)
+			}
+		}
+	}
+	if waited == 0 {
+		t.Error("no delivery found its key in progress: the runs did not exercise waiting for a holder")
+	}
+}
+
+// TestRunFailsUnlessOncePerKey runs variants that claim to run each key
+// once and do not: the benchmark must fail.
+func TestRunFailsUnlessOncePerKey(t *testing.T) {
+	passThrough := func(context.Context, *env, string, idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+		return nil, func() {}, nil
+	}
+	dropAll := func(context.Context, *env, string, idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+		return func(message.HandlerFunc) message.HandlerFunc {
+			return func(*message.Message) ([]*message.Message, error) { return nil, nil }
+		}, func() {}, nil
+	}
+	saved := variants
+	t.Cleanup(func() { variants = saved })
+	variants = append(variants[:len(variants):len(variants)],
+		variant{name: "twice", once: true, setup: passThrough},
+		variant{name: "lost", once: true, setup: dropAll})
+
+	for _, c := range []struct{ variant, want string }{
+		{"twice", "ran more than once"},
+		{"lost", "never ran"},
+	} {
+		cfg := testConfig(t)
+		cfg.variants = []string{c.variant}
+		cfg.rounds = 1
+		_, err := run(context.Background(), cfg, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got error %v, want one saying %q", c.variant, err, c.want)
+		}
+	}
+}
+
+// TestCheck counts runs per key against what was published.
+func TestCheck(t *testing.T) {
+	w := &workload{uuids: []string{"a", "b", "c", "d"}, copies: []int32{1, 2, 1, 2}}
+	for _, c := range []struct {
+		runs         []int32
+		once, copies string // "" for no error
+	}{
+		{runs: []int32{1, 1, 1, 1}, copies: "2 of 4 keys ran other than once per copy"},
+		{runs: []int32{1, 2, 1, 2}, once: "2 of 4 keys ran more than once (d ran 2 times)"},
+		{runs: []int32{1, 1, 0, 1}, once: "1 of 4 keys never ran (c never ran)", copies: "3 of 4"},
+		{runs: []int32{2, 1, 0, 1}, once: "1 of 4 keys ran more than once (a ran 2 times); 1 of 4 keys never ran (c never ran)", copies: "4 of 4"},
+	} {
+		runs := make([]atomic.Int32, len(c.runs))
+		for i, n := range c.runs {
+			runs[i].Store(n)
+		}
+		once, copies := check(w, runs)
+		for _, got := range []struct {
+			name string
+			err  error
+			want string
+		}{{"once", once, c.once}, {"copies", copies, c.copies}} {
+			if (got.err == nil) != (got.want == "") || (got.err != nil && !strings.Contains(got.err.Error(), got.want)) {
+				t.Errorf("runs %v: %s: got %v, want %q", c.runs, got.name, got.err, got.want)
+			}
+		}
+	}
+}
+
+// TestWorkload checks the published order: every key first as itself,
+// its copies after it and within the spread.
+func TestWorkload(t *testing.T) {
+	for _, c := range []struct {
+		n      int
+		dup    float64
+		spread int
+	}{{1000, 0.2, 10}, {1000, 0.5, 1}, {1, 0.9, 5}, {3, 0.99, 2}} {
+		w := newWorkload(c.n, c.dup, c.spread, 0)
+		if len(w.order) != c.n || len(w.uuids) != c.n-duplicateCount(c.n, c.dup) || len(w.uuids) < 1 {
+			t.Errorf("%+v: %d published, %d keys", c, len(w.order), len(w.uuids))
+			continue
+		}
+		// A key's first entry is its original; the originals are in key
+		// order, each copy lands between original key+0 and key+spread-1
+		// (inclusive) and the next original, or at the end.
+		seen := make([]bool, len(w.uuids))
+		next := int32(0) // the next original
+		for _, k := range w.order {
+			if !seen[k] {
+				if k != next {
+					t.Fatalf("%+v: key %d first published before key %d", c, k, next)
+				}
+				seen[k] = true
+				next++
+				continue
+			}
+			if last := next - 1; last < k || last > k+int32(c.spread)-1 {
+				t.Fatalf("%+v: a copy of key %d after original %d, want within %d of it", c, k, last, c.spread)
+			}
+		}
+	}
+}

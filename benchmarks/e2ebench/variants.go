@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	_ "github.com/go-sql-driver/mysql" // the driver mysqlstore's *sql.DB uses
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/memstore"
+	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
+	"github.com/watermill-idempotency/idempotency/backends/pgstore"
+	"github.com/watermill-idempotency/idempotency/backends/redisstore"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
+)
+
+// server names a server a variant's store uses besides Redis, whose CPU
+// counts towards the variant's.
+type server int
+
+const (
+	noServer server = iota
+	postgresServer
+	mariadbServer
+)
+
+// variant is one way of consuming the stream.
+type variant struct {
+	name string
+	// once: this middleware, which must run the handler exactly once per
+	// key; a run that does not fails the benchmark.
+	once bool
+	// server is the store's server besides Redis, if any.
+	server server
+	// setup returns the router middleware for one run, on a keyspace or
+	// table named after id and reporting to obs if it is this middleware,
+	// and what undoes it once the router is closed.
+	setup func(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error)
+}
+
+// variants are every variant, in the order they run in the first round.
+var variants = []variant{
+	{name: "none", setup: func(context.Context, *env, string, idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+		return nil, func() {}, nil
+	}},
+	{name: "deduplicator", setup: func(context.Context, *env, string, idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+		// Keyed by UUID as the duplicates are; its default repository, in
+		// memory, shared by the four handlers.
+		d := &wmmiddleware.Deduplicator{KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil }}
+		return d.Middleware, func() {}, nil
+	}},
+	{name: "memstore", once: true, setup: func(_ context.Context, e *env, _ string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+		store, err := memstore.New(memstore.Options{})
+		if err != nil {
+			return nil, nil, err
+		}
+		return e.middleware(store, obs, func() {})
+	}},
+	{name: "redisstore", once: true, setup: setupRedisstore},
+	{name: "pgstore", once: true, server: postgresServer, setup: setupPgstore},
+	{name: "mysqlstore", once: true, server: mariadbServer, setup: setupMysqlstore},
+}
+
+func variantNames() []string {
+	names := make([]string, len(variants))
+	for i, v := range variants {
+		names[i] = v.name
+	}
+	return names
+}
+
+func lookupVariant(name string) (variant, bool) {
+	for _, v := range variants {
+		if v.name == name {
+			return v, true
+		}
+	}
+	return variant{}, false
+}
+
+// middleware is this middleware on store, as one service sets it up for
+// all its handlers: one instance, one namespace, since the handlers are
+// copies competing for the stream's entries; an observer counts the
+// outcomes, as a service's metrics would.
+func (e *env) middleware(store backends.Store, obs idempotency.Observer, undo func()) (message.HandlerMiddleware, func(), error) {
+	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "orders", Observer: obs})
+	if err != nil {
+		undo()
+		return nil, nil, err
+	}
+	return idem.Middleware, undo, nil
+}
+
+// poolSize is the store's own pool: twice the consumers, so that the
+// middleware's bound on acquisitions in flight (half the pool) lets every
+// consumer acquire at once.
+func (e *env) poolSize() int { return 2 * e.cfg.consumers }
+
+// setupRedisstore gives the store a client of its own on the stream's
+// Redis (docs/redis.md), its keys under a prefix of the run's.
+func setupRedisstore(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+	client := redis.NewClient(&redis.Options{Addr: e.cfg.redisAddr, ContextTimeoutEnabled: true, PoolSize: e.poolSize()})
+	prefix := e.name(id, "idem") + ":"
+	store, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
+	if err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	if err := client.Ping(ctx).Err(); err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	return e.middleware(store, obs, func() {
+		_ = store.Close()
+		_ = client.Close()
+		e.deleteKeys(prefix + "*")
+	})
+}
+
+// setupPgstore gives the store a pool of its own (docs/postgres.md) and a
+// table in a schema of the run's, dropped afterwards.
+func setupPgstore(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+	if e.cfg.pgURL == "" {
+		return nil, nil, errors.New("pgstore needs -pg")
+	}
+	cfg, err := pgxpool.ParseConfig(e.cfg.pgURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.MaxConns = int32(e.poolSize())
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	schema := sqlName(e.name(id))
+	store, err := pgstore.New(pool, pgstore.Options{Schema: schema})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	undo := func() {
+		_ = store.Close()
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+		pool.Close()
+	}
+	if err := store.Migrate(ctx); err != nil {
+		undo()
+		return nil, nil, err
+	}
+	// Open the pool's connections now: a service's are open long before
+	// these messages arrive, and a Postgres connection is a process.
+	conns := make([]*pgxpool.Conn, 0, e.poolSize())
+	for range e.poolSize() {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			undo()
+			return nil, nil, err
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	return e.middleware(store, obs, undo)
+}
+
+// setupMysqlstore gives the store a *sql.DB of its own with a limit
+// (docs/mysql.md) and a table of the run's, dropped afterwards.
+func setupMysqlstore(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+	if e.cfg.mysqlDSN == "" {
+		return nil, nil, errors.New("mysqlstore needs -mysql")
+	}
+	db, err := sql.Open("mysql", e.cfg.mysqlDSN)
+	if err != nil {
+		return nil, nil, err
+	}
+	db.SetMaxOpenConns(e.poolSize())
+	db.SetMaxIdleConns(e.poolSize())
+	table := sqlName(e.name(id))
+	store, err := mysqlstore.New(db, mysqlstore.Options{Table: table})
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	undo := func() {
+		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+table+"`")
+		db.Close()
+	}
+	if err := store.Migrate(ctx); err != nil {
+		undo()
+		return nil, nil, err
+	}
+	// Open the pool's connections now, as a running service has them.
+	conns := make([]*sql.Conn, 0, e.poolSize())
+	for range e.poolSize() {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			undo()
+			return nil, nil, err
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	return e.middleware(store, obs, undo)
+}
