@@ -5,7 +5,7 @@
 {{/* snippet:schema */ -}}
 CREATE TABLE IF NOT EXISTS {{.Table}} (
     `key`            VARBINARY(2048) NOT NULL,
-    state            TINYINT         NOT NULL,           -- 1 in progress, 2 released, 3 completed
+    state            TINYINT         NOT NULL,           -- 1 leased, 2 released, 3 completed
     owner            VARBINARY(255)  NOT NULL,
     token            BIGINT          NOT NULL,           -- fencing token
     attempt          INT             NOT NULL,

@@ -7,7 +7,7 @@ CREATE SCHEMA IF NOT EXISTS {{.Schema}};
 {{/* snippet:schema */ -}}
 CREATE {{.Unlogged}} TABLE IF NOT EXISTS {{.Table}} (
     key              bytea       PRIMARY KEY,
-    state            smallint    NOT NULL,           -- 1 in progress, 2 released, 3 completed
+    state            smallint    NOT NULL,           -- 1 leased, 2 released, 3 completed
     owner            text        NOT NULL,
     token            bigint      NOT NULL,           -- fencing token
     attempt          integer     NOT NULL,

@@ -11,7 +11,7 @@
 --
 -- A record is one string:
 --   state token ':' owner '\0' attempt ':' retention ':' #fp ':' fp
--- with state 'p' (in progress), 'r' (released) or 'c' (completed), and,
+-- with state 'p' (leased: live or expired), 'r' (released) or 'c' (completed), and,
 -- completed, followed by seconds ':' microseconds ':' output: the
 -- server's time of the completion and the stored output. The key expires
 -- one retention after the lease (PX lease TTL + retention), so the lease
