@@ -38,6 +38,10 @@ example-redis: bin/testenv ## Run the Redis Streams example against a private Re
 example-kafka: bin/testenv ## Run the Kafka example: in-process Kafka (or KAFKA_BROKERS), leases in a private Redis (or REDIS_ADDR)
 	@$(TESTENV) -cc=false -services redis -- sh -c 'cd examples && exec $(GO) run ./kafka'
 
+.PHONY: example-outbox
+example-outbox: bin/testenv ## Run the outbox example: charges, receipts and keys in one Postgres transaction, receipts forwarded to Redis Streams (private Postgres and Redis, or TEST_DATABASE_URL, REDIS_ADDR)
+	@$(TESTENV) -cc=false -services redis,postgres -- sh -c 'cd examples && DATABASE_URL="$$TEST_DATABASE_URL" exec $(GO) run ./outbox'
+
 .PHONY: example-sqs
 example-sqs: bin/testenv ## Run the SQS example against a private goaws (or SQS_ENDPOINT) and a private Redis (or REDIS_ADDR)
 	@$(TESTENV) -cc=false -services redis,sqs -- sh -c 'cd examples && exec $(GO) run ./sqs'
@@ -45,11 +49,11 @@ example-sqs: bin/testenv ## Run the SQS example against a private goaws (or SQS_
 STORE ?= redis
 
 .PHONY: up
-up: ## Run an example and its services with docker compose; fails if its check fails (EXAMPLE=redis or sqs, STORE=redis, postgres or, for sqs, dynamodb)
+up: ## Run an example and its services with docker compose; fails if its check fails (EXAMPLE=redis, sqs or outbox, STORE=redis, postgres or, for sqs, dynamodb)
 	STORE=$(STORE) docker compose -f examples/$(EXAMPLE)/docker-compose.yml $(if $(filter postgres,$(STORE)),--profile postgres) up --exit-code-from example
 
 .PHONY: down
-down: ## Stop and remove an example's docker compose services (EXAMPLE=redis or sqs)
+down: ## Stop and remove an example's docker compose services (EXAMPLE=redis, sqs or outbox)
 	docker compose -f examples/$(EXAMPLE)/docker-compose.yml down -v
 
 .PHONY: idem
