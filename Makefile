@@ -85,7 +85,7 @@ test-stress: bin/testenv ## Run the storm and fault tests 3 times while CPU hogs
 	@$(TESTENV) -- env GO=$(GO) TEST_FLAGS="$(TEST_FLAGS)" .ci/stress
 
 .PHONY: bench
-bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-wake ## Run every benchmark and print it against its baselines
+bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-wake bench-outbox ## Run every benchmark and print it against its baselines
 
 # The benchmarks run against private servers, as the tests do, unless you
 # name yours (TEST_DATABASE_URL, MYSQL_DSN, DYNAMODB_ENDPOINT, REDIS_ADDR).
@@ -110,6 +110,11 @@ bench-dynamo: bin/testenv ## Benchmark the DynamoDB store against raw conditiona
 bench-wake: bin/testenv ## Time from a holder's completion to its waiting duplicate's ack, polled and watched, on Redis and Postgres (private, or REDIS_ADDR, TEST_DATABASE_URL)
 	@mkdir -p $(BENCH_DIR)
 	@$(BENCH_ENV) redis,postgres -- sh -c 'cd benchmarks && $(GO) run ./wakebench -redis "$$REDIS_ADDR" -pg "$$TEST_DATABASE_URL"' | tee $(BENCH_DIR)/wake.txt
+
+.PHONY: bench-outbox
+bench-outbox: bin/testenv ## The transactional outbox against the plain path: statements, throughput and latency per message (private Postgres and Redis, or TEST_DATABASE_URL, REDIS_ADDR)
+	@mkdir -p $(BENCH_DIR)
+	@$(BENCH_ENV) redis,postgres -- sh -c 'cd benchmarks && $(GO) run ./outboxbench -url "$$TEST_DATABASE_URL" -redis "$$REDIS_ADDR"' | tee $(BENCH_DIR)/outbox.txt
 
 .PHONY: bench-redis
 bench-redis: bin/testenv ## Benchmark the Redis store against redis-benchmark and redislock (private Redis, or REDIS_ADDR)
