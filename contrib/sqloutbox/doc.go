@@ -29,15 +29,16 @@
 //
 //	outbox, err := sqloutbox.NewPostgres(pool, store, sqloutbox.Options{})
 //	...
-//	router.AddMiddleware(idem.Middleware)
-//	router.AddConsumerHandler("charge", "orders", sub, outbox.Handler(
+//	charge := router.AddConsumerHandler("charge", "orders", sub, outbox.Handler(
 //		func(tx *sqloutbox.PgxTx, msg *message.Message) error {
 //			if _, err := tx.Exec(msg.Context(), `INSERT INTO charges ...`, ...); err != nil {
 //				return err
 //			}
 //			return tx.Publish("receipts", message.NewMessage(receiptID, payload))
 //		}))
-//	fwd, err := outbox.NewForwarder(brokerPublisher, logger, forwarder.Config{Router: router})
+//	charge.AddMiddleware(idem.Middleware)
+//	fwd, err := outbox.NewForwarder(brokerPublisher, logger, forwarder.Config{}) // its own router
+//	go fwd.Run(ctx)
 //
 // [MySQL] does the same with database/sql and a *sql.Tx.
 package sqloutbox
