@@ -3,7 +3,7 @@ GO          ?= go
 TEST_FLAGS  ?= -race -count=1
 BENCH_COUNT ?= 6
 BENCH_DIR   ?= .bench
-MODULES     := . examples benchmarks backends/dynamostore backends/mysqlstore contrib/awssqs contrib/otel cmd/idem
+MODULES     := . examples benchmarks backends/dynamostore backends/mysqlstore contrib/awssqs contrib/otel contrib/sqloutbox cmd/idem
 TOOL_MODS   := tools
 
 SHELL       := bash
@@ -38,6 +38,10 @@ example-redis: bin/testenv ## Run the Redis Streams example against a private Re
 example-kafka: bin/testenv ## Run the Kafka example: in-process Kafka (or KAFKA_BROKERS), leases in a private Redis (or REDIS_ADDR)
 	@$(TESTENV) -cc=false -services redis -- sh -c 'cd examples && exec $(GO) run ./kafka'
 
+.PHONY: example-outbox
+example-outbox: bin/testenv ## Run the outbox example: charges, receipts and keys in one Postgres transaction, receipts forwarded to Redis Streams (private Postgres and Redis, or TEST_DATABASE_URL, REDIS_ADDR)
+	@$(TESTENV) -cc=false -services redis,postgres -- sh -c 'cd examples && DATABASE_URL="$$TEST_DATABASE_URL" exec $(GO) run ./outbox'
+
 .PHONY: example-sqs
 example-sqs: bin/testenv ## Run the SQS example against a private goaws (or SQS_ENDPOINT) and a private Redis (or REDIS_ADDR)
 	@$(TESTENV) -cc=false -services redis,sqs -- sh -c 'cd examples && exec $(GO) run ./sqs'
@@ -45,11 +49,11 @@ example-sqs: bin/testenv ## Run the SQS example against a private goaws (or SQS_
 STORE ?= redis
 
 .PHONY: up
-up: ## Run an example and its services with docker compose; fails if its check fails (EXAMPLE=redis or sqs, STORE=redis, postgres or, for sqs, dynamodb)
+up: ## Run an example and its services with docker compose; fails if its check fails (EXAMPLE=redis, sqs or outbox, STORE=redis, postgres or, for sqs, dynamodb)
 	STORE=$(STORE) docker compose -f examples/$(EXAMPLE)/docker-compose.yml $(if $(filter postgres,$(STORE)),--profile postgres) up --exit-code-from example
 
 .PHONY: down
-down: ## Stop and remove an example's docker compose services (EXAMPLE=redis or sqs)
+down: ## Stop and remove an example's docker compose services (EXAMPLE=redis, sqs or outbox)
 	docker compose -f examples/$(EXAMPLE)/docker-compose.yml down -v
 
 .PHONY: idem
@@ -58,7 +62,7 @@ idem: ## Build the idem operator command into bin/idem
 
 # The modules' tests, longest first; TEST_JOBS of them run at once, each
 # module's output printed whole when it ends.
-TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/otel cmd/idem contrib/awssqs benchmarks tools
+TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/sqloutbox contrib/otel cmd/idem contrib/awssqs benchmarks tools
 TEST_JOBS    ?= 3
 
 .PHONY: test
@@ -81,7 +85,7 @@ test-stress: bin/testenv ## Run the storm and fault tests 3 times while CPU hogs
 	@$(TESTENV) -- env GO=$(GO) TEST_FLAGS="$(TEST_FLAGS)" .ci/stress
 
 .PHONY: bench
-bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-wake bench-e2e ## Run every benchmark and print it against its baselines
+bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-wake bench-e2e bench-outbox ## Run every benchmark and print it against its baselines
 
 # The benchmarks run against private servers, as the tests do, unless you
 # name yours (TEST_DATABASE_URL, MYSQL_DSN, DYNAMODB_ENDPOINT, REDIS_ADDR).
@@ -106,6 +110,11 @@ bench-dynamo: bin/testenv ## Benchmark the DynamoDB store against raw conditiona
 bench-wake: bin/testenv ## Time from a holder's completion to its waiting duplicate's ack, polled and watched, on Redis and Postgres (private, or REDIS_ADDR, TEST_DATABASE_URL)
 	@mkdir -p $(BENCH_DIR)
 	@$(BENCH_ENV) redis,postgres -- sh -c 'cd benchmarks && $(GO) run ./wakebench -redis "$$REDIS_ADDR" -pg "$$TEST_DATABASE_URL"' | tee $(BENCH_DIR)/wake.txt
+
+.PHONY: bench-outbox
+bench-outbox: bin/testenv ## The transactional outbox against the plain path: statements, throughput and latency per message (private Postgres and Redis, or TEST_DATABASE_URL, REDIS_ADDR)
+	@mkdir -p $(BENCH_DIR)
+	@$(BENCH_ENV) redis,postgres -- sh -c 'cd benchmarks && $(GO) run ./outboxbench -url "$$TEST_DATABASE_URL" -redis "$$REDIS_ADDR"' | tee $(BENCH_DIR)/outbox.txt
 
 .PHONY: bench-redis
 bench-redis: bin/testenv ## Benchmark the Redis store against redis-benchmark and redislock (private Redis, or REDIS_ADDR)

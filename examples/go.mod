@@ -31,6 +31,7 @@ require (
 	github.com/watermill-idempotency/idempotency/backends/dynamostore v0.1.0
 	github.com/watermill-idempotency/idempotency/backends/mysqlstore v0.1.0
 	github.com/watermill-idempotency/idempotency/contrib/awssqs v0.1.0
+	github.com/watermill-idempotency/idempotency/contrib/sqloutbox v0.1.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
 )

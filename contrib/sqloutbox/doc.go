@@ -1,0 +1,44 @@
+// Package sqloutbox publishes a handler's output messages exactly once,
+// through a transactional outbox, on Postgres (pgstore) and MySQL or
+// MariaDB (mysqlstore).
+//
+// Without it, the idempotency middleware stores a handler's produced
+// messages with its key's completion and the router publishes them after
+// the handler returns; every redelivery of the completed key publishes
+// them again. With it, the handler writes its business rows, its output
+// messages and its key's completion in one database transaction, and
+// returns nothing for the router to publish:
+//
+//   - the output rows go to an outbox table through watermill-sql's
+//     publisher on that transaction, each in an envelope naming its
+//     destination topic (Watermill's components/forwarder format);
+//   - the completion records no output, so a redelivery of the completed
+//     key publishes nothing again;
+//   - a Forwarder run by the service reads the outbox table and publishes
+//     each message to its destination on the real broker, at least once,
+//     always with the message's own UUID.
+//
+// If the transaction commits, the business rows, the outputs and the
+// completion are recorded together, once; if it rolls back, none is, and
+// the message is redelivered and run again. A downstream consumer that
+// uses the idempotency middleware keyed by message UUID applies each
+// output once. docs/outbox.md has the guarantees, the costs and the
+// retention of outbox rows.
+//
+// # Use
+//
+//	outbox, err := sqloutbox.NewPostgres(pool, store, sqloutbox.Options{})
+//	...
+//	charge := router.AddConsumerHandler("charge", "orders", sub, outbox.Handler(
+//		func(tx *sqloutbox.PgxTx, msg *message.Message) error {
+//			if _, err := tx.Exec(msg.Context(), `INSERT INTO charges ...`, ...); err != nil {
+//				return err
+//			}
+//			return tx.Publish("receipts", message.NewMessage(receiptID, payload))
+//		}))
+//	charge.AddMiddleware(idem.Middleware)
+//	fwd, err := outbox.NewForwarder(brokerPublisher, logger, forwarder.Config{}) // its own router
+//	go fwd.Run(ctx)
+//
+// [MySQL] does the same with database/sql and a *sql.Tx.
+package sqloutbox
