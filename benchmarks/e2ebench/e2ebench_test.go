@@ -59,8 +59,10 @@ func TestBenchmark(t *testing.T) {
 				t.Errorf("%s, round %d: elapsed %v, client CPU %v, Redis CPU %v: each must be positive", r.variant.name, i+1, m.elapsed, m.client, m.redis)
 			}
 			// Every message is acked; a consumer's last ack may still be on
-			// its way when the run ends.
-			if acks := m.commands["XACK"].calls; acks < int64(cfg.messages-cfg.consumers) || acks > int64(cfg.messages) {
+			// its way when the run ends. INFO commandstats counts the whole
+			// server's commands, and make test runs other modules' tests on
+			// the same Redis at the same time, so only the lower bound holds.
+			if acks := m.commands["XACK"].calls; acks < int64(cfg.messages-cfg.consumers) {
 				t.Errorf("%s, round %d: Redis counted %d XACKs for %d messages", r.variant.name, i+1, acks, cfg.messages)
 			}
 			if r.variant.server != noServer && (!m.storeKnown || m.store <= 0) {
