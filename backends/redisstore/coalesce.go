@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -197,10 +198,17 @@ func (l *lane) next(c *coalescer, buf []*call) (batch []*call, ok bool) {
 }
 
 // drain sends batch, then the calls queued meanwhile, until next gives
-// the slot back.
+// the slot back. Between two round trips it yields the processor once
+// (runtime.Gosched, not a timer: with nothing else to run it returns at
+// once): the callers the last round trip answered are runnable, and those
+// that call again straight away, as a handler's next Acquire follows its
+// Complete, join the next batch instead of waiting a round trip more
+// behind it. Each round trip costs both processes a write, a read and a
+// wake-up, whatever it carries, so fewer, fuller ones cost less CPU.
 func (c *coalescer) drain(l *lane, batch []*call) {
 	for ok := true; ok; batch, ok = l.next(c, batch[:0]) {
 		c.send(batch)
+		runtime.Gosched()
 	}
 }
 

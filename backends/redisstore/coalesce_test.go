@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -532,4 +533,58 @@ func TestStalledRoundTripDoesNotHoldBackOthers(t *testing.T) {
 	}
 	close(h.held)
 	require.NoError(t, <-held)
+}
+
+// trips counts the store's round trips: single calls and pipelines.
+type trips struct{ n atomic.Int64 }
+
+func (h *trips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *trips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if storeCalls([]redis.Cmder{cmd}) {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *trips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if storeCalls(cmds) {
+			h.n.Add(1)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// Workers that call again as soon as their reply comes, as handlers do
+// (Acquire, Complete, the next message's Acquire), join the batch that
+// goes next rather than the one after it: on one processor, four of them
+// in a loop share round trips mostly four by four. Were the lane to take
+// its next batch before they could call again, it would alternate
+// between a batch of three and one of one: a round trip per two calls.
+func TestCallersThatCallAgainJoinTheNextBatch(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	h := &trips{}
+	client := clientWithHook(t, testserver.RedisClient(t).Options().Addr, h)
+	s := storeWith(t, client, redisstore.Options{})
+	const workers, calls = 4, 500
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range calls {
+				res, err := s.Acquire(ctx, backends.AcquireRequest{Key: fmt.Sprintf("w%d-%d", w, i), Owner: "o",
+					LeaseTTL: time.Minute, Retention: time.Minute})
+				if !assert.NoError(t, err) || !assert.Equal(t, backends.Acquired, res.Status) {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	n := h.n.Load()
+	t.Logf("%d calls in %d round trips", workers*calls, n)
+	require.Less(t, n, int64(workers*calls/2), "fewer round trips than one per two calls")
 }
