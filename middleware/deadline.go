@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -12,6 +13,11 @@ import (
 // called: a store that only checks Err (the in-memory store) costs no
 // timer, one that selects on Done (a network client) gets one. Err is
 // consistent with Done: non-nil exactly when Done is, or would be, closed.
+//
+// It has an AfterFunc method, which context.AfterFunc and the contexts
+// derived from it use instead of starting a goroutine that waits for Done:
+// a client that watches the context for each call (pgx does, through
+// context.AfterFunc) costs no goroutine per call.
 type deadlineCtx struct {
 	context.Context // never cancelled
 	deadline        time.Time
@@ -20,7 +26,11 @@ type deadlineCtx struct {
 	done    chan struct{}
 	timer   *time.Timer
 	expired bool
+	afters  []*afterFunc // registered by AfterFunc and not stopped
 }
+
+// afterFunc is a function registered by [deadlineCtx.AfterFunc].
+type afterFunc struct{ f func() }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
@@ -69,6 +79,42 @@ func (c *deadlineCtx) expire() {
 	if !c.expired {
 		c.expired = true
 		close(c.done)
+	}
+	for _, a := range c.afters {
+		go a.f()
+	}
+	c.afters = nil
+}
+
+// AfterFunc arranges to call f in its own goroutine once c expires, as
+// context.AfterFunc does, which calls it: with the timer that closes Done,
+// and no goroutine until then. stop reports whether it stopped f from
+// running.
+func (c *deadlineCtx) AfterFunc(f func()) (stop func() bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.checkLocked()
+	}
+	if c.expired {
+		go f()
+		return func() bool { return false }
+	}
+	if c.done == nil {
+		c.done = make(chan struct{})
+		c.timer = time.AfterFunc(time.Until(c.deadline), c.expire)
+	}
+	a := &afterFunc{f: f}
+	c.afters = append(c.afters, a)
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		i := slices.Index(c.afters, a)
+		if i < 0 {
+			return false // started, or stopped already
+		}
+		c.afters = slices.Delete(c.afters, i, i+1)
+		return true
 	}
 }
 

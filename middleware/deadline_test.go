@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"runtime"
 	"testing"
 	"time"
 
@@ -71,4 +72,62 @@ func TestDeadlineCtxStopAndChildren(t *testing.T) {
 	sub, cancelSub := context.WithTimeout(expired, time.Hour)
 	defer cancelSub()
 	require.ErrorIs(t, sub.Err(), context.DeadlineExceeded, "children see the deadline")
+}
+
+// A client such as pgx watches the context of each call through
+// context.AfterFunc; on this context that costs no goroutine.
+func TestDeadlineCtxAfterFuncStartsNoGoroutine(t *testing.T) {
+	c := withDeadline(context.Background(), time.Hour)
+	defer c.stop()
+	before := runtime.NumGoroutine()
+	var stops []func() bool
+	var cancels []context.CancelFunc
+	for range 20 {
+		stops = append(stops, context.AfterFunc(c, func() { t.Error("ran an hour early") }))
+		_, cancel := context.WithCancel(c)
+		cancels = append(cancels, cancel)
+	}
+	require.Less(t, runtime.NumGoroutine(), before+10, "a goroutine per watch")
+	for _, stop := range stops {
+		require.True(t, stop(), "stopped before the deadline")
+		require.False(t, stop(), "stopped already")
+	}
+	for _, cancel := range cancels {
+		cancel()
+	}
+	require.NoError(t, c.Err())
+}
+
+func TestDeadlineCtxAfterFuncRunsAtDeadline(t *testing.T) {
+	c := withDeadline(context.Background(), 20*time.Millisecond)
+	defer c.stop()
+	errs := make(chan error, 1)
+	stop := context.AfterFunc(c, func() { errs <- c.Err() })
+	stopped := context.AfterFunc(c, func() { t.Error("ran after its stop") })
+	require.True(t, stopped())
+	child, cancel := context.WithCancel(c)
+	defer cancel()
+	select {
+	case err := <-errs:
+		require.ErrorIs(t, err, context.DeadlineExceeded, "f runs once the context is done")
+	case <-time.After(5 * time.Second):
+		t.Fatal("f never ran")
+	}
+	require.False(t, stop(), "f ran")
+	select {
+	case <-child.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a child's Done never closed")
+	}
+	require.ErrorIs(t, child.Err(), context.DeadlineExceeded)
+
+	expired := withDeadline(context.Background(), -time.Second)
+	ran := make(chan struct{})
+	stop = context.AfterFunc(expired, func() { close(ran) })
+	select {
+	case <-ran:
+	case <-time.After(5 * time.Second):
+		t.Fatal("f never ran on an expired context")
+	}
+	require.False(t, stop())
 }

@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"time"
 )
@@ -52,14 +53,31 @@ func main() {
 	flag.IntVar(&cfg.rounds, "rounds", cfg.rounds, "rounds; each runs every variant once, in an order that rotates")
 	variants := flag.String("variants", strings.Join(cfg.variants, ","), "variants to run, comma-separated; the first is the base of the ratios")
 	flag.DurationVar(&cfg.stall, "stall", cfg.stall, "give up on a run when no message has been acked for this long")
+	cpuprofile := flag.String("cpuprofile", "", "write the process's CPU profile over all runs to this file")
 	flag.Parse()
 	cfg.variants = strings.Split(*variants, ",")
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "e2ebench:", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "e2ebench:", err)
+			os.Exit(1)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+		}()
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if _, err := run(ctx, cfg, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "e2ebench:", err)
 		stop()
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
