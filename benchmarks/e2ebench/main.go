@@ -8,7 +8,11 @@
 //	deduplicator  Watermill's middleware.Deduplicator keyed by message UUID,
 //	              its default in-memory repository
 //	memstore      this middleware on the in-memory store
+//	redis-setnx   a hand-written lease on Redis: SET NX PX GET before the
+//	              handler, SET PX after (peers.go)
 //	redisstore    this middleware on Redis, the server of the stream
+//	pg-insert     a hand-written lease on Postgres: INSERT ON CONFLICT DO
+//	              NOTHING before the handler, UPDATE after (peers.go)
 //	pgstore       this middleware on Postgres
 //	mysqlstore    this middleware on MariaDB or MySQL
 //

@@ -69,7 +69,7 @@ func printTable(out io.Writer, e *env, versions []string, results []result) {
 			return thousands(median(r.runs, func(m measurement) float64 { return float64(f(m)) }))
 		}
 		fmt.Fprintf(out, "%s: %s; per run, median: ", r.variant.name, verdict)
-		if r.variant.once {
+		if r.variant.once && !r.variant.peer {
 			fmt.Fprintf(out, "%s deliveries dropped as duplicates, %s waited for the holder of their key, ",
 				med(func(m measurement) int64 { return m.duplicates }), med(func(m measurement) int64 { return m.waited }))
 		}

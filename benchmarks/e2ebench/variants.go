@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -32,9 +33,11 @@ const (
 // variant is one way of consuming the stream.
 type variant struct {
 	name string
-	// once: this middleware, which must run the handler exactly once per
-	// key; a run that does not fails the benchmark.
+	// once: must run the handler exactly once per key; a run that does
+	// not fails the benchmark.
 	once bool
+	// peer: a hand-written lease (peers.go), not this middleware.
+	peer bool
 	// server is the store's server besides Redis, if any.
 	server server
 	// setup returns the router middleware for one run, on a keyspace or
@@ -50,8 +53,19 @@ var variants = []variant{
 	}},
 	{name: "deduplicator", setup: func(context.Context, *env, string, idempotency.Observer) (message.HandlerMiddleware, func(), error) {
 		// Keyed by UUID as the duplicates are; its default repository, in
-		// memory, shared by the four handlers.
-		d := &wmmiddleware.Deduplicator{KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil }}
+		// memory, shared by the four handlers. Every field is set: its
+		// Middleware writes the defaults of unset ones into d, which races
+		// when the router applies it to four handlers at once, and would
+		// give each handler a repository of its own.
+		repo, err := wmmiddleware.NewMapExpiringKeyRepository(time.Minute)
+		if err != nil {
+			return nil, nil, err
+		}
+		d := &wmmiddleware.Deduplicator{
+			KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil },
+			Repository: repo,
+			Timeout:    time.Minute,
+		}
 		return d.Middleware, func() {}, nil
 	}},
 	{name: "memstore", once: true, setup: func(_ context.Context, e *env, _ string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
@@ -61,7 +75,9 @@ var variants = []variant{
 		}
 		return e.middleware(store, obs, func() {})
 	}},
+	{name: "redis-setnx", once: true, peer: true, setup: setupSetnx},
 	{name: "redisstore", once: true, setup: setupRedisstore},
+	{name: "pg-insert", once: true, peer: true, server: postgresServer, setup: setupInsert},
 	{name: "pgstore", once: true, server: postgresServer, setup: setupPgstore},
 	{name: "mysqlstore", once: true, server: mariadbServer, setup: setupMysqlstore},
 }
@@ -152,21 +168,30 @@ func setupPgstore(ctx context.Context, e *env, id string, obs idempotency.Observ
 		undo()
 		return nil, nil, err
 	}
-	// Open the pool's connections now: a service's are open long before
-	// these messages arrive, and a Postgres connection is a process.
-	conns := make([]*pgxpool.Conn, 0, e.poolSize())
-	for range e.poolSize() {
+	if err := warmPool(ctx, pool, e.poolSize()); err != nil {
+		undo()
+		return nil, nil, err
+	}
+	return e.middleware(store, obs, undo)
+}
+
+// warmPool opens n of pool's connections now: a service's are open long
+// before these messages arrive, and a Postgres connection is a process.
+func warmPool(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	conns := make([]*pgxpool.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range n {
 		c, err := pool.Acquire(ctx)
 		if err != nil {
-			undo()
-			return nil, nil, err
+			return err
 		}
 		conns = append(conns, c)
 	}
-	for _, c := range conns {
-		c.Release()
-	}
-	return e.middleware(store, obs, undo)
+	return nil
 }
 
 // setupMysqlstore gives the store a *sql.DB of its own with a limit

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
+)
+
+// The peers are what a team writes by hand instead of this middleware:
+// the fewest round trips a lease with a completion mark can take, one to
+// claim the key before the handler and one to mark it done after, each
+// sent on its own, as a handler's code would send it. They have no
+// fencing token, no owner check on completion, no renewal and no output
+// to replay. A copy that finds its key claimed polls it until it is done
+// (then it is dropped) or gone (then it fails, to come back). They run
+// each key once here because nothing crashes and no lease runs out: they
+// give the cost of two plain round trips per message on the same path.
+const (
+	peerLease     = 30 * time.Second
+	peerRetention = time.Hour
+	peerPoll      = 2 * time.Millisecond
+)
+
+// errPeerReleased fails a copy whose key's claim went away while it
+// waited: the message comes back.
+var errPeerReleased = errors.New("the key's claim was released")
+
+// peer is a hand-written lease: claim takes key, or says it was done
+// (done) or is claimed by another delivery (busy); finish marks it done;
+// release drops the claim; state polls it.
+type peer struct {
+	claim   func(ctx context.Context, key string) (done, busy bool, err error)
+	finish  func(ctx context.Context, key string) error
+	release func(ctx context.Context, key string) error
+	state   func(ctx context.Context, key string) (done, gone bool, err error)
+}
+
+// middleware runs the handler under p, keyed by message UUID.
+func (p peer) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		ctx := msg.Context()
+		done, busy, err := p.claim(ctx, msg.UUID)
+		for err == nil && busy {
+			time.Sleep(peerPoll)
+			var gone bool
+			done, gone, err = p.state(ctx, msg.UUID)
+			if err == nil && gone {
+				err = errPeerReleased
+			}
+			busy = !done && err == nil
+		}
+		if err != nil || done {
+			return nil, err
+		}
+		out, err := h(msg)
+		if err != nil {
+			_ = p.release(context.WithoutCancel(ctx), msg.UUID)
+			return out, err
+		}
+		if err := p.finish(ctx, msg.UUID); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
+}
+
+// setupSetnx is the peer on Redis: SET NX PX GET to claim, SET PX to mark
+// done, on a client of its own as redisstore has.
+func setupSetnx(_ context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+	client := redis.NewClient(&redis.Options{Addr: e.cfg.redisAddr, ContextTimeoutEnabled: true, PoolSize: e.poolSize()})
+	prefix := e.name(id, "setnx") + ":"
+	p := peer{
+		claim: func(ctx context.Context, key string) (bool, bool, error) {
+			prev, err := client.SetArgs(ctx, prefix+key, "claimed", redis.SetArgs{Mode: "NX", TTL: peerLease, Get: true}).Result()
+			switch {
+			case errors.Is(err, redis.Nil):
+				return false, false, nil
+			case err != nil:
+				return false, false, err
+			}
+			return prev == "done", prev != "done", nil
+		},
+		finish: func(ctx context.Context, key string) error {
+			return client.Set(ctx, prefix+key, "done", peerRetention).Err()
+		},
+		release: func(ctx context.Context, key string) error {
+			return client.Del(ctx, prefix+key).Err()
+		},
+		state: func(ctx context.Context, key string) (bool, bool, error) {
+			v, err := client.Get(ctx, prefix+key).Result()
+			if errors.Is(err, redis.Nil) {
+				return false, true, nil
+			}
+			return v == "done", false, err
+		},
+	}
+	return p.middleware, func() {
+		_ = client.Close()
+		e.deleteKeys(prefix + "*")
+	}, nil
+}
+
+// setupInsert is the peer on Postgres: INSERT ON CONFLICT DO NOTHING to
+// claim (and a SELECT when the key was there), UPDATE to mark done, on a
+// pool of its own as pgstore has and a table like its own, keyed by text.
+func setupInsert(ctx context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+	if e.cfg.pgURL == "" {
+		return nil, nil, errors.New("insert needs -pg")
+	}
+	cfg, err := pgxpool.ParseConfig(e.cfg.pgURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.MaxConns = int32(e.poolSize())
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	table := sqlName(e.name(id, "claims"))
+	undo := func() {
+		_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table)
+		pool.Close()
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+table+" (key text PRIMARY KEY, done boolean NOT NULL DEFAULT false, expires_at timestamptz NOT NULL)"); err != nil {
+		undo()
+		return nil, nil, err
+	}
+	if err := warmPool(ctx, pool, e.poolSize()); err != nil {
+		undo()
+		return nil, nil, err
+	}
+	claim := fmt.Sprintf("INSERT INTO %s (key, expires_at) VALUES ($1, now() + $2::interval) ON CONFLICT (key) DO NOTHING", table)
+	state := fmt.Sprintf("SELECT done FROM %s WHERE key = $1", table)
+	finish := fmt.Sprintf("UPDATE %s SET done = true, expires_at = now() + $2::interval WHERE key = $1", table)
+	release := fmt.Sprintf("DELETE FROM %s WHERE key = $1 AND NOT done", table)
+	p := peer{
+		state: func(ctx context.Context, key string) (bool, bool, error) {
+			var done bool
+			err := pool.QueryRow(ctx, state, key).Scan(&done)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return false, true, nil
+			}
+			return done, false, err
+		},
+		finish: func(ctx context.Context, key string) error {
+			_, err := pool.Exec(ctx, finish, key, peerRetention)
+			return err
+		},
+		release: func(ctx context.Context, key string) error {
+			_, err := pool.Exec(ctx, release, key)
+			return err
+		},
+	}
+	p.claim = func(ctx context.Context, key string) (bool, bool, error) {
+		tag, err := pool.Exec(ctx, claim, key, peerLease)
+		if err != nil || tag.RowsAffected() == 1 {
+			return false, false, err
+		}
+		done, gone, err := p.state(ctx, key)
+		if err == nil && gone {
+			return p.claim(ctx, key) // released in between: claim again
+		}
+		return done, !done, err
+	}
+	return p.middleware, undo, nil
+}
