@@ -21,20 +21,28 @@ const (
 	// behind a slow command or a dead connection, and the calls behind
 	// it (renewals among them) must not wait for it.
 	stallAfter = 10 * time.Millisecond
-	// laneSlots is how many round trips one lane keeps in flight at most
-	// when they stall (capped at the client's pool size).
+	// laneDirect is how many calls one lane sends at once, each on its
+	// own, while no call waits (capped at half the client's pool size).
+	laneDirect = 4
+	// laneSlots is how many more round trips one lane keeps in flight at
+	// most when they stall (capped at the client's pool size).
 	laneSlots = 4
 )
 
-// coalescer sends the store's commands. A lane keeps one round trip in
-// flight: a call that finds its lane idle is sent at once, on its own;
-// calls that arrive while a round trip is in flight queue, and when it
-// ends, they go together in one pipeline (group commit), while the next
-// batch collects. No call ever waits for a timer. Only when the round trip
-// in flight makes no progress for stallAfter does the lane send the queue
-// on another connection, up to laneSlots at once; it goes back to one
-// round trip in flight as they end. A Cluster gets one lane per master,
-// so a slow node holds back only the calls for its own keys.
+// coalescer sends the store's commands. While fewer than laneDirect calls
+// of a lane are in flight and none waits, a call is sent at once, on its
+// own, on the caller's goroutine, as without coalescing: a few callers
+// cost less that way than handing their calls to another goroutine. A
+// call that finds them all in flight queues; the first of them to end
+// takes the queue and sends it as one pipeline (group commit), then the
+// calls queued meanwhile, and so on (it drains the lane), while the next
+// batch collects. While a lane drains, every call queues, so one pipeline
+// in flight carries them all; when the queue is empty the lane goes back
+// to sending calls on their own. No call ever waits for a timer. Only when
+// the lane's round trips make no progress for stallAfter does it send the
+// queue on another connection, up to laneSlots more at once; it goes back
+// to one pipeline in flight as they end. A Cluster gets one lane per
+// master, so a slow node holds back only the calls for its own keys.
 type coalescer struct {
 	client redis.UniversalClient
 	// pipeline returns a new pipeline on client; nil when coalescing is
@@ -42,7 +50,8 @@ type coalescer struct {
 	pipeline func() redis.Pipeliner
 	// cluster, when set, chooses a key's lane by its master.
 	cluster *redis.ClusterClient
-	slots   int
+	direct  int // laneDirect, capped
+	slots   int // direct + laneSlots, capped
 
 	lane  lane // the only lane, or the lane of keys whose master is unknown
 	mu    sync.RWMutex
@@ -51,10 +60,11 @@ type coalescer struct {
 
 // lane is a queue of calls and the round trips in flight that serve it.
 // While the queue is not empty, a round trip is in flight: when it ends,
-// it takes the queue.
+// it takes the queue unless another drains the lane.
 type lane struct {
 	mu       sync.Mutex
 	inflight int
+	drainers int // round trips in flight that drain the queue
 	queue    []*call
 	// moved counts the round trips started and ended: a stall timer that
 	// finds it unchanged found the lane stuck.
@@ -74,9 +84,10 @@ type call struct {
 }
 
 func newCoalescer(client redis.UniversalClient, off bool, poolSize int) *coalescer {
-	c := &coalescer{client: client, slots: laneSlots}
-	if poolSize > 0 && poolSize < c.slots {
-		c.slots = poolSize
+	c := &coalescer{client: client, direct: laneDirect, slots: laneDirect + laneSlots}
+	if poolSize > 0 {
+		c.direct = max(1, min(c.direct, poolSize/2))
+		c.slots = max(c.direct, min(c.slots, poolSize))
 	}
 	if off {
 		return c
@@ -95,7 +106,13 @@ func (c *coalescer) run(ctx context.Context, script *redis.Script, keys []string
 	if c.pipeline == nil {
 		return script.Run(ctx, c.client, keys, args...)
 	}
-	return c.submit(&call{ctx: ctx, script: script, keys: keys, args: args}, keys[0])
+	l := c.laneFor(ctx, keys[0])
+	if !l.enter(c) {
+		return c.queue(l, &call{ctx: ctx, script: script, keys: keys, args: args})
+	}
+	cmd := script.Run(ctx, c.client, keys, args...)
+	c.leave(l)
+	return cmd
 }
 
 // do sends the command args on key, as client.Do would, and returns its
@@ -104,27 +121,55 @@ func (c *coalescer) do(ctx context.Context, key string, args ...any) *redis.Cmd 
 	if c.pipeline == nil {
 		return c.client.Do(ctx, args...)
 	}
-	return c.submit(&call{ctx: ctx, args: args}, key)
+	l := c.laneFor(ctx, key)
+	if !l.enter(c) {
+		return c.queue(l, &call{ctx: ctx, args: args})
+	}
+	cmd := c.client.Do(ctx, args...)
+	c.leave(l)
+	return cmd
 }
 
-// submit sends cl at once if its lane is idle, or queues it for the next
-// round trip. A queued call whose ctx ends before its reply returns at
-// once with the context's error, and is never sent if it was still
-// waiting; one already sent leaves its reply to be discarded.
-func (c *coalescer) submit(cl *call, key string) *redis.Cmd {
-	ctx := cl.ctx
-	l := c.laneFor(ctx, key)
+// run and do send a call on the caller's goroutine, or queue it with
+// queue. That goroutine is often a handler's, started for its message with
+// a small stack: the round trip is its deepest point, and each frame added
+// on the way there can make the stack grow, and be copied, once more per
+// message (runtime.newstack took 13% of the process's CPU samples in
+// benchmarks/e2ebench when each call went through two more frames, 7%
+// without them). So the direct path adds no frame around the client's
+// call, and the queue's select lives in a function of its own.
+
+// enter takes a round trip slot of l for a call sent on its own (true),
+// or leaves the caller to queue its call (false): when direct calls are
+// in flight, or l drains its queue. The caller of a true enter calls leave
+// once its round trip ends; a false enter leaves l.mu locked, for queue.
+func (l *lane) enter(c *coalescer) bool {
 	l.mu.Lock()
-	if l.inflight == 0 {
-		l.inflight++
-		l.moved++
-		l.mu.Unlock()
-		c.sendOne(cl)
-		if batch, ok := l.next(c, nil); ok {
-			go c.drain(l, batch)
-		}
-		return cl.cmd
+	if l.inflight >= c.direct || l.drainers > 0 || len(l.queue) > 0 {
+		return false
 	}
+	l.inflight++
+	l.moved++
+	l.mu.Unlock()
+	return true
+}
+
+// leave ends a round trip entered with enter. If calls queued meanwhile
+// and no round trip drains them, it starts draining them on a goroutine of
+// its own: the caller returns with its reply.
+func (c *coalescer) leave(l *lane) {
+	if batch, ok := l.next(c, nil, false); ok {
+		go c.drain(l, batch)
+	}
+}
+
+// queue queues cl for l's next pipeline and waits for its reply. It is
+// called with l.mu locked, by a false enter. A queued call whose ctx ends
+// before its reply returns at once with the context's error, and is never
+// sent if it was still waiting; one already sent leaves its reply to be
+// discarded.
+func (c *coalescer) queue(l *lane, cl *call) *redis.Cmd {
+	ctx := cl.ctx
 	if err := ctx.Err(); err != nil {
 		l.mu.Unlock()
 		return failed(ctx, err)
@@ -179,16 +224,24 @@ func (c *coalescer) laneFor(ctx context.Context, key string) *lane {
 	return l
 }
 
-// next is called as a round trip of l ends. If calls are queued and no
-// other round trip is in flight, it takes them for the next round trip on
-// the same slot (ok); otherwise it gives the slot back, leaving the queue
-// to the round trip still in flight.
-func (l *lane) next(c *coalescer, buf []*call) (batch []*call, ok bool) {
+// next is called as a round trip of l ends; drainer says whether it was
+// a pipeline of the queue. If calls are queued and it is the lane's only
+// drainer, or no round trip drains the lane, it takes them for the next
+// round trip on the same slot (ok), as the lane's drainer. Otherwise it
+// gives the slot back, leaving the queue to the drainer in flight: after a
+// stall, the lane goes back to one pipeline in flight.
+func (l *lane) next(c *coalescer, buf []*call, drainer bool) (batch []*call, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.moved++
-	if len(l.queue) > 0 && l.inflight == 1 {
+	if len(l.queue) > 0 && (drainer && l.drainers == 1 || !drainer && l.drainers == 0) {
+		if !drainer {
+			l.drainers++
+		}
 		return l.take(buf), true
+	}
+	if drainer {
+		l.drainers--
 	}
 	l.inflight--
 	if len(l.queue) > 0 {
@@ -206,7 +259,7 @@ func (l *lane) next(c *coalescer, buf []*call) (batch []*call, ok bool) {
 // behind it. Each round trip costs both processes a write, a read and a
 // wake-up, whatever it carries, so fewer, fuller ones cost less CPU.
 func (c *coalescer) drain(l *lane, batch []*call) {
-	for ok := true; ok; batch, ok = l.next(c, batch[:0]) {
+	for ok := true; ok; batch, ok = l.next(c, batch[:0], true) {
 		c.send(batch)
 		runtime.Gosched()
 	}
@@ -239,6 +292,7 @@ func (c *coalescer) stalled(l *lane, mark uint64) {
 		return
 	}
 	l.inflight++
+	l.drainers++
 	l.moved++
 	batch := l.take(nil)
 	l.mu.Unlock()

@@ -252,8 +252,14 @@ func slotStore(t *testing.T, addr string, h *pipes) (*redisstore.Store, string) 
 // meanwhile queue. It returns the held call's error.
 func hold(t *testing.T, s *redisstore.Store, h *pipes) <-chan error {
 	t.Helper()
+	return holdKey(t, s, h, "hold")
+}
+
+// holdKey is hold on key, whose name must contain "hold".
+func holdKey(t *testing.T, s *redisstore.Store, h *pipes, key string) <-chan error {
+	t.Helper()
 	held := async(func() error {
-		_, err := s.Acquire(context.Background(), backends.AcquireRequest{Key: "hold", Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
+		_, err := s.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
 		return err
 	})
 	<-h.holding
@@ -513,14 +519,16 @@ func TestPipelineErrorReachesEveryCaller(t *testing.T) {
 	}
 }
 
-// A round trip that makes no progress (a slow command, a dead
-// connection) does not hold back the calls that arrive after it: once it
-// has been stuck for a moment, they go on another connection.
+// Round trips that make no progress (a slow command, a dead connection)
+// do not hold back the calls that arrive after them: once they have been
+// stuck for a moment, the queue goes on another connection. With a pool
+// of four, the store sends two calls on their own at once; both are stuck
+// here, so the next calls queue.
 func TestStalledRoundTripDoesNotHoldBackOthers(t *testing.T) {
 	h := newPipes()
 	client := clientWithHook(t, testserver.RedisClient(t).Options().Addr, h, func(o *redis.Options) { o.PoolSize = 4 })
 	s := storeWith(t, client, redisstore.Options{})
-	held := hold(t, s, h)
+	held, held2 := holdKey(t, s, h, "hold-1"), holdKey(t, s, h, "hold-2")
 	ctx := context.Background()
 	for _, k := range []string{"a", "b"} {
 		select {
@@ -533,6 +541,7 @@ func TestStalledRoundTripDoesNotHoldBackOthers(t *testing.T) {
 	}
 	close(h.held)
 	require.NoError(t, <-held)
+	require.NoError(t, <-held2)
 }
 
 // trips counts the store's round trips: single calls and pipelines.
@@ -560,16 +569,17 @@ func (h *trips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 
 // Workers that call again as soon as their reply comes, as handlers do
 // (Acquire, Complete, the next message's Acquire), join the batch that
-// goes next rather than the one after it: on one processor, four of them
-// in a loop share round trips mostly four by four. Were the lane to take
-// its next batch before they could call again, it would alternate
-// between a batch of three and one of one: a round trip per two calls.
+// goes next rather than the one after it: on one processor, eight of them
+// in a loop, more than the four calls the store sends on their own, share
+// round trips. Were the lane to take its next batch before they could
+// call again, or to send calls on their own while it drains, it would
+// need a round trip per two calls or more.
 func TestCallersThatCallAgainJoinTheNextBatch(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	h := &trips{}
-	client := clientWithHook(t, testserver.RedisClient(t).Options().Addr, h)
+	client := clientWithHook(t, testserver.RedisClient(t).Options().Addr, h, func(o *redis.Options) { o.PoolSize = 16 })
 	s := storeWith(t, client, redisstore.Options{})
-	const workers, calls = 4, 500
+	const workers, calls = 8, 250
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -587,4 +597,32 @@ func TestCallersThatCallAgainJoinTheNextBatch(t *testing.T) {
 	n := h.n.Load()
 	t.Logf("%d calls in %d round trips", workers*calls, n)
 	require.Less(t, n, int64(workers*calls/2), "fewer round trips than one per two calls")
+}
+
+// As many callers as the calls the store sends on their own (four with a
+// pool of eight), each with one call at a time, never queue: every call
+// is its own round trip, sent on the caller's goroutine, as without
+// coalescing. Handing a few calls to another goroutine costs more CPU
+// than the round trips it saves (docs/redis.md).
+func TestFewCallersGoOnTheirOwn(t *testing.T) {
+	h := newPipes()
+	client := clientWithHook(t, testserver.RedisClient(t).Options().Addr, h, func(o *redis.Options) { o.PoolSize = 8 })
+	s := storeWith(t, client, redisstore.Options{Prefix: testserver.Unique("coalesce-test:")})
+	const workers, calls = 4, 250
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range calls {
+				res, err := s.Acquire(ctx, backends.AcquireRequest{Key: fmt.Sprintf("w%d-%d", w, i), Owner: "o",
+					LeaseTTL: time.Minute, Retention: time.Minute})
+				if !assert.NoError(t, err) || !assert.Equal(t, backends.Acquired, res.Status) {
+					return
+				}
+				assert.NoError(t, s.Complete(ctx, res.Lease, nil))
+			}
+		})
+	}
+	wg.Wait()
+	require.Zero(t, h.batched.Load(), "no call queued for a pipeline")
 }

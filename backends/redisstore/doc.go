@@ -25,15 +25,18 @@
 //
 // # Coalescing
 //
-// The store keeps one round trip in flight (per master of a Cluster). A
-// call that finds none in flight is sent at once, on its own; calls that
-// arrive meanwhile queue and go together, in one pipeline, as soon as it
-// ends, while the next batch collects: no call waits for a timer. Each
-// call keeps its own context and its own error: a queued call whose
-// context ends returns at once and is never sent. A round trip that makes
-// no progress for 10 ms (a slow command, a dead connection) lets the
-// queue go on another connection, up to four at once, so renewals never
-// wait behind it. [CoalesceOff] sends every call on its own.
+// Up to four calls at once (per master of a Cluster; at most half the
+// client's PoolSize) are sent each on its own, on the caller's goroutine,
+// as without coalescing. A call that finds them all in flight queues, and
+// the queue goes as one pipeline as soon as one of them ends; while the
+// queue drains, every call joins it, so one pipeline in flight carries
+// them all, and the next batch collects while it is out. No call waits for
+// a timer. Each call keeps its own context and its own error: a queued
+// call whose context ends returns at once and is never sent. Round trips
+// that make no progress for 10 ms (a slow command, a dead connection) let
+// the queue go on another connection, up to four more at once, so
+// renewals never wait behind them. [CoalesceOff] sends every call on its
+// own.
 //
 // # Waking waiting duplicates
 //

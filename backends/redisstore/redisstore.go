@@ -64,10 +64,11 @@ type Options struct {
 type Coalescing int
 
 const (
-	// CoalesceConcurrent sends the calls that arrive while the store's
-	// round trip is in flight together, in one pipeline, as soon as it
-	// ends (one round trip in flight per node; more only while one is
-	// stuck). The default.
+	// CoalesceConcurrent sends a few calls at once each on its own (up to
+	// four per node), and the calls that arrive while they are all in
+	// flight together, in one pipeline, as soon as one ends; while that
+	// queue drains, every call joins it (one pipeline in flight per node;
+	// more only while one is stuck). The default.
 	CoalesceConcurrent Coalescing = iota
 	// CoalesceOff sends every call as its own round trip: for a proxy or
 	// a Redis-compatible server that mishandles pipelined scripts, or to
