@@ -4,17 +4,18 @@
 // handlers in one consumer group, each a redisstream subscriber of its own,
 // with a trivial handler. It runs the same stream through each variant:
 //
-//	none          no middleware: every copy runs the handler
-//	deduplicator  Watermill's middleware.Deduplicator keyed by message UUID,
-//	              its default in-memory repository
-//	memstore      this middleware on the in-memory store
-//	redis-setnx   a hand-written lease on Redis: SET NX PX GET before the
-//	              handler, SET PX after (peers.go)
-//	redisstore    this middleware on Redis, the server of the stream
-//	pg-insert     a hand-written lease on Postgres: INSERT ON CONFLICT DO
-//	              NOTHING before the handler, UPDATE after (peers.go)
-//	pgstore       this middleware on Postgres
-//	mysqlstore    this middleware on MariaDB or MySQL
+//	none            no middleware: every copy runs the handler
+//	deduplicator    Watermill's middleware.Deduplicator keyed by message UUID,
+//	                its default in-memory repository
+//	memstore        this middleware on the in-memory store
+//	redis-setnx     a hand-written lease on Redis: SET NX PX GET before the
+//	                handler, SET PX after (peers.go)
+//	redisstore      this middleware on Redis, the server of the stream
+//	redisstore-off  the same with Coalescing: CoalesceOff
+//	pg-insert       a hand-written lease on Postgres: INSERT ON CONFLICT DO
+//	                NOTHING before the handler, UPDATE after (peers.go)
+//	pgstore         this middleware on Postgres
+//	mysqlstore      this middleware on MariaDB or MySQL
 //
 // and prints for each the messages per second and the CPU each message
 // cost: the benchmark process's own (getrusage), and the servers' over the

@@ -76,7 +76,12 @@ var variants = []variant{
 		return e.middleware(store, obs, func() {})
 	}},
 	{name: "redis-setnx", once: true, peer: true, setup: setupSetnx},
-	{name: "redisstore", once: true, setup: setupRedisstore},
+	{name: "redisstore", once: true, setup: func(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+		return setupRedisstore(ctx, e, id, obs, redisstore.CoalesceConcurrent)
+	}},
+	{name: "redisstore-off", once: true, setup: func(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+		return setupRedisstore(ctx, e, id, obs, redisstore.CoalesceOff)
+	}},
 	{name: "pg-insert", once: true, peer: true, server: postgresServer, setup: setupInsert},
 	{name: "pgstore", once: true, server: postgresServer, setup: setupPgstore},
 	{name: "mysqlstore", once: true, server: mariadbServer, setup: setupMysqlstore},
@@ -119,10 +124,10 @@ func (e *env) poolSize() int { return 2 * e.cfg.consumers }
 
 // setupRedisstore gives the store a client of its own on the stream's
 // Redis (docs/redis.md), its keys under a prefix of the run's.
-func setupRedisstore(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+func setupRedisstore(ctx context.Context, e *env, id string, obs idempotency.Observer, coalescing redisstore.Coalescing) (message.HandlerMiddleware, func(), error) {
 	client := redis.NewClient(&redis.Options{Addr: e.cfg.redisAddr, ContextTimeoutEnabled: true, PoolSize: e.poolSize()})
 	prefix := e.name(id, "idem") + ":"
-	store, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
+	store, err := redisstore.New(client, redisstore.Options{Prefix: prefix, Coalescing: coalescing})
 	if err != nil {
 		client.Close()
 		return nil, nil, err
