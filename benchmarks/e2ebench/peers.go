@@ -8,7 +8,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
@@ -112,15 +111,7 @@ func setupSetnx(_ context.Context, e *env, id string, _ idempotency.Observer) (m
 // claim (and a SELECT when the key was there), UPDATE to mark done, on a
 // pool of its own as pgstore has and a table like its own, keyed by text.
 func setupInsert(ctx context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
-	if e.cfg.pgURL == "" {
-		return nil, nil, errors.New("insert needs -pg")
-	}
-	cfg, err := pgxpool.ParseConfig(e.cfg.pgURL)
-	if err != nil {
-		return nil, nil, err
-	}
-	cfg.MaxConns = int32(e.poolSize())
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := e.pgPool(ctx, "pg-insert")
 	if err != nil {
 		return nil, nil, err
 	}

@@ -146,15 +146,7 @@ func setupRedisstore(ctx context.Context, e *env, id string, obs idempotency.Obs
 // setupPgstore gives the store a pool of its own (docs/postgres.md) and a
 // table in a schema of the run's, dropped afterwards.
 func setupPgstore(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
-	if e.cfg.pgURL == "" {
-		return nil, nil, errors.New("pgstore needs -pg")
-	}
-	cfg, err := pgxpool.ParseConfig(e.cfg.pgURL)
-	if err != nil {
-		return nil, nil, err
-	}
-	cfg.MaxConns = int32(e.poolSize())
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := e.pgPool(ctx, "pgstore")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -178,6 +170,19 @@ func setupPgstore(ctx context.Context, e *env, id string, obs idempotency.Observ
 		return nil, nil, err
 	}
 	return e.middleware(store, obs, undo)
+}
+
+// pgPool returns a pool of its own for variant, of poolSize connections.
+func (e *env) pgPool(ctx context.Context, variant string) (*pgxpool.Pool, error) {
+	if e.cfg.pgURL == "" {
+		return nil, errors.New(variant + " needs -pg")
+	}
+	cfg, err := pgxpool.ParseConfig(e.cfg.pgURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = int32(e.poolSize())
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // warmPool opens n of pool's connections now: a service's are open long
