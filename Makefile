@@ -157,7 +157,7 @@ tidy: ## go mod tidy every module, uncommitted changes included (go mod tidy its
 	GO=$(GO) bin/release -tidy
 
 .PHONY: release-check
-release-check: ## Check HEAD as the next release: tidy, vet and test builds without the workspace, then go get and go install every module from outside the repository (VERSION to choose it)
+release-check: ## Check HEAD as the next release: tidy and vet (tests included) without the workspace, then go get and go install every module from outside the repository (VERSION to choose it)
 	cd tools && GOWORK=off $(GO) build -o ../bin/release ./release
 	GO=$(GO) bin/release -check $(if $(VERSION),-version $(VERSION))
 

@@ -4,8 +4,9 @@
 //	release -version vX.Y.Z   set every sibling require and go.work to vX.Y.Z,
 //	                          in the working tree, and print the commit and tags
 //	release -check [-version vX.Y.Z]
-//	                          the same in a copy of HEAD, then vet, compile the
-//	                          tests, and install every module from outside the
+//	                          the same in a copy of HEAD, then vet every
+//	                          module (tests included) without the workspace,
+//	                          and install every module from outside the
 //	                          repository, as a user would
 //	release -tidy             go mod tidy every module of the working tree,
 //	                          which the go command cannot do in the workspace
@@ -246,7 +247,7 @@ func run(ctx context.Context, o options) error {
 	if err := r.checkModules(ctx); err != nil {
 		return err
 	}
-	logf("tidy -diff, vet and test builds passed in %s", since(t))
+	logf("tidy -diff and vet passed in %s", since(t))
 	if !o.keep {
 		// The copy's module cache is done with: remove it while the
 		// installs run.
