@@ -76,12 +76,8 @@ var variants = []variant{
 		return e.middleware(store, obs, func() {})
 	}},
 	{name: "redis-setnx", once: true, peer: true, setup: setupSetnx},
-	{name: "redisstore", once: true, setup: func(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
-		return setupRedisstore(ctx, e, id, obs, redisstore.CoalesceConcurrent)
-	}},
-	{name: "redisstore-off", once: true, setup: func(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
-		return setupRedisstore(ctx, e, id, obs, redisstore.CoalesceOff)
-	}},
+	{name: "redisstore", once: true, setup: setupRedisstore(redisstore.CoalesceConcurrent)},
+	{name: "redisstore-off", once: true, setup: setupRedisstore(redisstore.CoalesceOff)},
 	{name: "pg-insert", once: true, peer: true, server: postgresServer, setup: setupInsert},
 	{name: "pgstore", once: true, server: postgresServer, setup: setupPgstore},
 	{name: "mysqlstore", once: true, server: mariadbServer, setup: setupMysqlstore},
@@ -122,25 +118,28 @@ func (e *env) middleware(store backends.Store, obs idempotency.Observer, undo fu
 // consumer acquire at once.
 func (e *env) poolSize() int { return 2 * e.cfg.consumers }
 
-// setupRedisstore gives the store a client of its own on the stream's
-// Redis (docs/redis.md), its keys under a prefix of the run's.
-func setupRedisstore(ctx context.Context, e *env, id string, obs idempotency.Observer, coalescing redisstore.Coalescing) (message.HandlerMiddleware, func(), error) {
-	client := redis.NewClient(&redis.Options{Addr: e.cfg.redisAddr, ContextTimeoutEnabled: true, PoolSize: e.poolSize()})
-	prefix := e.name(id, "idem") + ":"
-	store, err := redisstore.New(client, redisstore.Options{Prefix: prefix, Coalescing: coalescing})
-	if err != nil {
-		client.Close()
-		return nil, nil, err
+// setupRedisstore returns the setup of the store with coalescing: a
+// client of its own on the stream's Redis (docs/redis.md), its keys under
+// a prefix of the run's.
+func setupRedisstore(coalescing redisstore.Coalescing) func(context.Context, *env, string, idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+	return func(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+		client := redis.NewClient(&redis.Options{Addr: e.cfg.redisAddr, ContextTimeoutEnabled: true, PoolSize: e.poolSize()})
+		prefix := e.name(id, "idem") + ":"
+		store, err := redisstore.New(client, redisstore.Options{Prefix: prefix, Coalescing: coalescing})
+		if err != nil {
+			client.Close()
+			return nil, nil, err
+		}
+		if err := client.Ping(ctx).Err(); err != nil {
+			client.Close()
+			return nil, nil, err
+		}
+		return e.middleware(store, obs, func() {
+			_ = store.Close()
+			_ = client.Close()
+			e.deleteKeys(prefix + "*")
+		})
 	}
-	if err := client.Ping(ctx).Err(); err != nil {
-		client.Close()
-		return nil, nil, err
-	}
-	return e.middleware(store, obs, func() {
-		_ = store.Close()
-		_ = client.Close()
-		e.deleteKeys(prefix + "*")
-	})
 }
 
 // setupPgstore gives the store a pool of its own (docs/postgres.md) and a
