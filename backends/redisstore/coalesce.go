@@ -23,10 +23,16 @@ const (
 	stallAfter = 10 * time.Millisecond
 	// laneDirect is how many calls one lane sends at once, each on its
 	// own, while no call waits (capped at half the client's pool size).
-	laneDirect = 4
+	laneDirect = 8
 	// laneSlots is how many more round trips one lane keeps in flight at
 	// most when they stall (capped at the client's pool size).
 	laneSlots = 4
+	// laneDepth is how many pipelines of a lane's queue may be in flight
+	// at once, each on a connection of its own (more only after a stall).
+	laneDepth = 4
+	// moreBatch is the fewest calls a pipeline of the queue carries while
+	// another is in flight: fewer are left to those in flight.
+	moreBatch = 4
 )
 
 // coalescer sends the store's commands. While fewer than laneDirect calls
@@ -36,13 +42,19 @@ const (
 // call that finds them all in flight queues; the first of them to end
 // takes the queue and sends it as one pipeline (group commit), then the
 // calls queued meanwhile, and so on (it drains the lane), while the next
-// batch collects. While a lane drains, every call queues, so one pipeline
-// in flight carries them all; when the queue is empty the lane goes back
-// to sending calls on their own. No call ever waits for a timer. Only when
-// the lane's round trips make no progress for stallAfter does it send the
-// queue on another connection, up to laneSlots more at once; it goes back
-// to one pipeline in flight as they end. A Cluster gets one lane per
-// master, so a slow node holds back only the calls for its own keys.
+// batch collects. While a lane drains, every call queues. Once the queue
+// holds moreBatch calls and half as many as the pipelines in flight carry
+// on average, it goes in another pipeline on another connection, without
+// waiting for them (at most laneDepth in flight): the server runs one
+// batch while the client reads another's replies and its callers make
+// their next calls, where with one pipeline in flight each side waits for
+// the other, and both sit idle for the wake-ups between. When the queue
+// is empty the lane goes back to sending calls on their own. No call ever
+// waits for a timer. Only when the lane's round trips make no progress
+// for stallAfter does it send the queue on yet another connection, up to
+// laneSlots more at once; it goes back to laneDepth as they end. A
+// Cluster gets one lane per master, so a slow node holds back only the
+// calls for its own keys.
 type coalescer struct {
 	client redis.UniversalClient
 	// pipeline returns a new pipeline on client; nil when coalescing is
@@ -50,8 +62,9 @@ type coalescer struct {
 	pipeline func() redis.Pipeliner
 	// cluster, when set, chooses a key's lane by its master.
 	cluster *redis.ClusterClient
-	direct  int // laneDirect, capped
-	slots   int // direct + laneSlots, capped
+	direct  int           // laneDirect, capped
+	slots   int           // direct + laneSlots, capped
+	stall   time.Duration // stallAfter
 
 	lane  lane // the only lane, or the lane of keys whose master is unknown
 	mu    sync.RWMutex
@@ -65,6 +78,7 @@ type lane struct {
 	mu       sync.Mutex
 	inflight int
 	drainers int // round trips in flight that drain the queue
+	flying   int // calls in those round trips
 	queue    []*call
 	// moved counts the round trips started and ended: a stall timer that
 	// finds it unchanged found the lane stuck.
@@ -84,7 +98,7 @@ type call struct {
 }
 
 func newCoalescer(client redis.UniversalClient, off bool, poolSize int) *coalescer {
-	c := &coalescer{client: client, direct: laneDirect, slots: laneDirect + laneSlots}
+	c := &coalescer{client: client, direct: laneDirect, slots: laneDirect + laneSlots, stall: stallAfter}
 	if poolSize > 0 {
 		c.direct = max(1, min(c.direct, poolSize/2))
 		c.slots = max(c.direct, min(c.slots, poolSize))
@@ -158,7 +172,7 @@ func (l *lane) enter(c *coalescer) bool {
 // and no round trip drains them, it starts draining them on a goroutine of
 // its own: the caller returns with its reply.
 func (c *coalescer) leave(l *lane) {
-	if batch, ok := l.next(c, nil, false); ok {
+	if batch, ok := l.next(c, nil, false, 0); ok {
 		go c.drain(l, batch)
 	}
 }
@@ -177,7 +191,17 @@ func (c *coalescer) queue(l *lane, cl *call) *redis.Cmd {
 	cl.done = make(chan struct{})
 	l.queue = append(l.queue, cl)
 	c.arm(l)
+	var batch []*call
+	if l.drainers > 0 && l.inflight < c.slots && l.another(l.drainers) {
+		l.drainers++
+		l.inflight++
+		l.moved++
+		batch = l.take(nil)
+	}
 	l.mu.Unlock()
+	if batch != nil {
+		go c.drain(l, batch)
+	}
 
 	select {
 	case <-cl.done:
@@ -224,17 +248,34 @@ func (c *coalescer) laneFor(ctx context.Context, key string) *lane {
 	return l
 }
 
+// another says whether the queue goes in a pipeline of its own while
+// others of the lane's pipelines are in flight: it must hold moreBatch
+// calls and half as many as they carry on average, and no more than
+// laneDepth pipelines go at once. The caller holds l.mu.
+func (l *lane) another(others int) bool {
+	n := len(l.queue)
+	return others < laneDepth && n >= moreBatch && 2*n*others >= l.flying
+}
+
 // next is called as a round trip of l ends; drainer says whether it was
-// a pipeline of the queue. If calls are queued and it is the lane's only
-// drainer, or no round trip drains the lane, it takes them for the next
-// round trip on the same slot (ok), as the lane's drainer. Otherwise it
-// gives the slot back, leaving the queue to the drainer in flight: after a
-// stall, the lane goes back to one pipeline in flight.
-func (l *lane) next(c *coalescer, buf []*call, drainer bool) (batch []*call, ok bool) {
+// a pipeline of the queue, and sent how many calls it carried. If calls are queued and no
+// other round trip drains the lane, or another would take them (another),
+// it takes them for the next round trip on the same slot (ok), as one of
+// the lane's drainers. Otherwise it gives the slot back, leaving the queue
+// to the drainers in flight: after a stall, the lane goes back to
+// laneDepth pipelines in flight at most.
+func (l *lane) next(c *coalescer, buf []*call, drainer bool, sent int) (batch []*call, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.moved++
-	if len(l.queue) > 0 && (drainer && l.drainers == 1 || !drainer && l.drainers == 0) {
+	if drainer {
+		l.flying -= sent
+	}
+	others := l.drainers
+	if drainer {
+		others--
+	}
+	if len(l.queue) > 0 && (others == 0 || drainer && l.another(others)) {
 		if !drainer {
 			l.drainers++
 		}
@@ -259,7 +300,7 @@ func (l *lane) next(c *coalescer, buf []*call, drainer bool) (batch []*call, ok 
 // behind it. Each round trip costs both processes a write, a read and a
 // wake-up, whatever it carries, so fewer, fuller ones cost less CPU.
 func (c *coalescer) drain(l *lane, batch []*call) {
-	for ok := true; ok; batch, ok = l.next(c, batch[:0], true) {
+	for ok := true; ok; batch, ok = l.next(c, batch[:0], true, len(batch)) {
 		c.send(batch)
 		runtime.Gosched()
 	}
@@ -273,7 +314,7 @@ func (c *coalescer) arm(l *lane) {
 	}
 	l.timer = true
 	mark := l.moved
-	time.AfterFunc(stallAfter, func() { c.stalled(l, mark) })
+	time.AfterFunc(c.stall, func() { c.stalled(l, mark) })
 }
 
 // stalled runs stallAfter after arm: if no round trip of l started or
@@ -301,7 +342,8 @@ func (c *coalescer) stalled(l *lane, mark uint64) {
 
 // take moves up to maxBatch calls from the head of the queue to buf,
 // leaving out those whose context has ended: they return on their own.
-// The caller holds l.mu.
+// They count as flying until the drainer that sends them passes their
+// number to next. The caller holds l.mu.
 func (l *lane) take(buf []*call) []*call {
 	clear(buf[:cap(buf)])
 	n := min(len(l.queue), maxBatch)
@@ -314,6 +356,7 @@ func (l *lane) take(buf []*call) []*call {
 	rest := copy(l.queue, l.queue[n:])
 	clear(l.queue[rest:])
 	l.queue = l.queue[:rest]
+	l.flying += len(buf)
 	return buf
 }
 

@@ -544,6 +544,67 @@ func TestStalledRoundTripDoesNotHoldBackOthers(t *testing.T) {
 	require.NoError(t, <-held2)
 }
 
+// While pipelines of the queue are in flight, the queue goes in another
+// one, on another connection, once it holds four calls and half as many
+// as those in flight carry on average; never more than four at once.
+// Here every pipeline is held on its way to the server, and no stall
+// escape sends the queue on early. With a pool of eight, the store sends
+// four calls on their own at once: four held calls make the rest queue.
+func TestMorePipelinesOnceTheQueueFills(t *testing.T) {
+	for _, tc := range []struct {
+		first int
+		more  []int // the calls the second, third and fourth take
+	}{
+		{3, []int{4, 4, 4}},
+		{20, []int{10, 8, 7}}, // half of 20, of (20+10)/2, of (20+10+8)/3, rounded up
+	} {
+		t.Run(fmt.Sprintf("first=%d", tc.first), func(t *testing.T) {
+			h := newPipes()
+			h.pipeHeld, h.piped = make(chan struct{}), make(chan []string, 64)
+			client := clientWithHook(t, testserver.RedisClient(t).Options().Addr, h, func(o *redis.Options) { o.PoolSize = 8 })
+			s := storeWith(t, client, redisstore.Options{})
+			redisstore.NoStallEscape(s)
+			ctx := context.Background()
+			var calls []<-chan result
+			call := func(n int) {
+				for range n {
+					calls = append(calls, acquireAsync(ctx, s, fmt.Sprintf("k%d", len(calls))))
+				}
+			}
+			var held []<-chan error
+			for i := range 4 {
+				held = append(held, holdKey(t, s, h, fmt.Sprintf("hold-%d", i)))
+			}
+			call(tc.first)
+			queued(t, s, tc.first)
+			close(h.held)
+			require.Len(t, <-h.piped, tc.first, "the first pipeline took the queue")
+
+			for i, n := range tc.more {
+				call(n - 1)
+				queued(t, s, n-1) // too few for another pipeline
+				call(1)
+				select {
+				case keys := <-h.piped:
+					require.Len(t, keys, n, "pipeline %d took the queue", i+2)
+				case <-time.After(wait):
+					t.Fatalf("no pipeline %d", i+2)
+				}
+			}
+			call(tc.first)
+			queued(t, s, tc.first) // no fifth pipeline took them
+
+			close(h.pipeHeld)
+			for _, ch := range held {
+				require.NoError(t, <-ch)
+			}
+			for _, ch := range calls {
+				acquired(t, ch)
+			}
+		})
+	}
+}
+
 // trips counts the store's round trips: single calls and pipelines.
 type trips struct{ n atomic.Int64 }
 
@@ -569,17 +630,17 @@ func (h *trips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 
 // Workers that call again as soon as their reply comes, as handlers do
 // (Acquire, Complete, the next message's Acquire), join the batch that
-// goes next rather than the one after it: on one processor, eight of them
-// in a loop, more than the four calls the store sends on their own, share
-// round trips. Were the lane to take its next batch before they could
+// goes next rather than the one after it: on one processor, sixteen of
+// them in a loop, more than the eight calls the store sends on their own,
+// share round trips. Were the lane to take its next batch before they could
 // call again, or to send calls on their own while it drains, it would
 // need a round trip per two calls or more.
 func TestCallersThatCallAgainJoinTheNextBatch(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	h := &trips{}
-	client := clientWithHook(t, testserver.RedisClient(t).Options().Addr, h, func(o *redis.Options) { o.PoolSize = 16 })
+	client := clientWithHook(t, testserver.RedisClient(t).Options().Addr, h, func(o *redis.Options) { o.PoolSize = 32 })
 	s := storeWith(t, client, redisstore.Options{})
-	const workers, calls = 8, 250
+	const workers, calls = 16, 125
 	loop(t, s, workers, calls, false)
 	n := h.n.Load()
 	t.Logf("%d calls in %d round trips", workers*calls, n)

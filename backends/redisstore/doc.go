@@ -25,17 +25,20 @@
 //
 // # Coalescing
 //
-// Up to four calls at once (per master of a Cluster; at most half the
+// Up to eight calls at once (per master of a Cluster; at most half the
 // client's PoolSize) are sent each on its own, on the caller's goroutine,
 // as without coalescing. A call that finds them all in flight queues, and
 // the queue goes as one pipeline as soon as one of them ends; while the
-// queue drains, every call joins it, so one pipeline in flight carries
-// them all, and the next batch collects while it is out. No call waits for
-// a timer. Each call keeps its own context and its own error: a queued
+// queue drains, every call joins it, and the next batch collects while
+// the pipeline is out. Once the queue holds four calls and half as many
+// as the pipelines in flight carry on average, it goes as another
+// pipeline without waiting for them, up to four in flight, so that the
+// server runs one batch while the client handles another. No call waits
+// for a timer. Each call keeps its own context and its own error: a queued
 // call whose context ends returns at once and is never sent. Round trips
 // that make no progress for 10 ms (a slow command, a dead connection) let
-// the queue go on another connection, up to four more at once, so
-// renewals never wait behind them. [CoalesceOff] sends every call on its
+// the queue go on another connection (up to twelve round trips in flight
+// in all, at most the PoolSize), so renewals never wait behind them. [CoalesceOff] sends every call on its
 // own.
 //
 // # Waking waiting duplicates

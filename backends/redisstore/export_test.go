@@ -1,5 +1,7 @@
 package redisstore
 
+import "time"
+
 // QueuedCalls returns how many calls of s wait for a round trip.
 func QueuedCalls(s *Store) int {
 	c := s.calls
@@ -17,3 +19,7 @@ func (l *lane) queued() int {
 	defer l.mu.Unlock()
 	return len(l.queue)
 }
+
+// NoStallEscape keeps the calls of s queued behind round trips in flight
+// however long these take. It is called before s makes any call.
+func NoStallEscape(s *Store) { s.calls.stall = time.Hour }

@@ -65,10 +65,11 @@ type Coalescing int
 
 const (
 	// CoalesceConcurrent sends a few calls at once each on its own (up to
-	// four per node), and the calls that arrive while they are all in
+	// eight per node), and the calls that arrive while they are all in
 	// flight together, in one pipeline, as soon as one ends; while that
-	// queue drains, every call joins it (one pipeline in flight per node;
-	// more only while one is stuck). The default.
+	// queue drains, every call joins it, and a queue of four calls or
+	// more goes in another pipeline without waiting (up to four in flight
+	// per node; more only while they are stuck). The default.
 	CoalesceConcurrent Coalescing = iota
 	// CoalesceOff sends every call as its own round trip: for a proxy or
 	// a Redis-compatible server that mishandles pipelined scripts, or to
