@@ -73,7 +73,7 @@ type coalescer struct {
 
 // lane is a queue of calls and the round trips in flight that serve it.
 // While the queue is not empty, a round trip is in flight: when it ends,
-// it takes the queue unless another drains the lane.
+// it takes the queue, or leaves it to the others in flight (next).
 type lane struct {
 	mu       sync.Mutex
 	inflight int
@@ -193,10 +193,7 @@ func (c *coalescer) queue(l *lane, cl *call) *redis.Cmd {
 	c.arm(l)
 	var batch []*call
 	if l.drainers > 0 && l.inflight < c.slots && l.another(l.drainers) {
-		l.drainers++
-		l.inflight++
-		l.moved++
-		batch = l.take(nil)
+		batch = l.open()
 	}
 	l.mu.Unlock()
 	if batch != nil {
@@ -257,33 +254,35 @@ func (l *lane) another(others int) bool {
 	return others < laneDepth && n >= moreBatch && 2*n*others >= l.flying
 }
 
-// next is called as a round trip of l ends; drainer says whether it was
-// a pipeline of the queue, and sent how many calls it carried. If calls are queued and no
-// other round trip drains the lane, or another would take them (another),
-// it takes them for the next round trip on the same slot (ok), as one of
-// the lane's drainers. Otherwise it gives the slot back, leaving the queue
-// to the drainers in flight: after a stall, the lane goes back to
-// laneDepth pipelines in flight at most.
+// open takes a slot of l for a new pipeline of the queue, and the calls
+// it carries. The caller holds l.mu.
+func (l *lane) open() []*call {
+	l.inflight++
+	l.drainers++
+	l.moved++
+	return l.take(nil)
+}
+
+// next is called as a round trip of l ends: a pipeline of the queue
+// (drainer) that carried sent calls, or a call sent on its own. If calls
+// are queued and no other round trip drains the lane, or another would
+// take them (another), it takes them for the next round trip on the same
+// slot (ok), as one of the lane's drainers. Otherwise it gives the slot
+// back, leaving the queue to the drainers in flight: after a stall, the
+// lane goes back to laneDepth pipelines in flight at most.
 func (l *lane) next(c *coalescer, buf []*call, drainer bool, sent int) (batch []*call, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.moved++
-	if drainer {
-		l.flying -= sent
+	l.flying -= sent
+	if !drainer {
+		l.drainers++ // if it takes the queue, it drains it from now on
 	}
-	others := l.drainers
-	if drainer {
-		others--
-	}
+	others := l.drainers - 1
 	if len(l.queue) > 0 && (others == 0 || drainer && l.another(others)) {
-		if !drainer {
-			l.drainers++
-		}
 		return l.take(buf), true
 	}
-	if drainer {
-		l.drainers--
-	}
+	l.drainers--
 	l.inflight--
 	if len(l.queue) > 0 {
 		c.arm(l)
@@ -332,10 +331,7 @@ func (c *coalescer) stalled(l *lane, mark uint64) {
 		l.mu.Unlock()
 		return
 	}
-	l.inflight++
-	l.drainers++
-	l.moved++
-	batch := l.take(nil)
+	batch := l.open()
 	l.mu.Unlock()
 	c.drain(l, batch)
 }
