@@ -1,28 +1,56 @@
--- Takes the lease on $1 for owner $2 (lease TTL $3 µs, retention $4 µs,
--- fingerprint $5), or leaves the record as it is. One statement.
---
--- A record that this call cannot change (completed, or another owner's
--- live lease, with a fingerprint or none asked to be adopted) is only
--- read: a duplicate writes nothing, so its transaction needs no WAL flush
--- and leaves no dead row behind. The read is of the statement's snapshot,
--- a state the record held when the statement began.
---
--- Otherwise the upsert runs: the conflicting row is locked and always
--- returned, so concurrent callers are serialised on it and each sees the
--- row as the winner left it. A record without a fingerprint adopts the
--- first one given.
-WITH kept AS (
-    SELECT state, owner, token, attempt, how, lease_expires_at, completed_at, fingerprint, output, now() AS now
-    FROM {{.Table}} AS r
-    WHERE key = $1 AND {{.Live}}(r.forget_at)
-      AND (r.state = 3 OR (r.state = 1 AND r.owner <> $2::text AND r.lease_expires_at > now()))
-      AND (r.fingerprint IS NOT NULL OR $5::bytea IS NULL)
-), taken AS (
+{{- /* The acquire function: a template. .Acquire is its quoted,
+schema-qualified name, .Table the table's, .Live the liveness function's;
+.Acquirable and .Reentrant are the conditions on the existing row r. */ -}}
+-- Takes the lease on key $1 for owner $2 (lease TTL $3 µs, retention $4 µs,
+-- fingerprint $5), or leaves the record as it is, and returns the record.
+-- Acquire calls it: one statement, whose plan only runs what the key's
+-- record needs, each step with its own snapshot.
+CREATE OR REPLACE FUNCTION {{.Acquire}}(bytea, text, bigint, bigint, bytea)
+    RETURNS TABLE (state smallint, owner text, token bigint, attempt integer, how smallint,
+        lease_expires_at timestamptz, completed_at timestamptz, fingerprint bytea, output bytea, now timestamptz)
+    LANGUAGE plpgsql VOLATILE
+    AS $acquire$
+#variable_conflict use_column
+BEGIN
+    -- A fresh key: one insert, nothing else runs.
+    RETURN QUERY
     INSERT INTO {{.Table}} AS r
         (key, state, owner, token, attempt, how, lease_expires_at, retention_us, forget_at, fingerprint)
-    SELECT $1, 1, $2::text, 1, 1, 0, now() + $3::bigint * interval '1 microsecond', $4::bigint,
-        now() + ($3::bigint + $4::bigint) * interval '1 microsecond', $5::bytea
-    WHERE NOT EXISTS (SELECT FROM kept)
+    VALUES ($1, 1, $2, 1, 1, 0, now() + $3 * interval '1 microsecond', $4,
+        now() + ($3 + $4) * interval '1 microsecond', $5)
+    ON CONFLICT (key) DO NOTHING
+    RETURNING r.state, r.owner, r.token, r.attempt, r.how, r.lease_expires_at, r.completed_at, r.fingerprint, r.output, now();
+    IF FOUND THEN
+        RETURN;
+    END IF;
+
+    -- A record this call cannot change (completed, or another owner's
+    -- live lease, with a fingerprint or none asked to be adopted) is only
+    -- read: a duplicate writes nothing, so its transaction needs no WAL
+    -- flush and leaves no dead row behind. The read is of its own
+    -- snapshot, a state the record held when it began.
+    RETURN QUERY
+    SELECT r.state, r.owner, r.token, r.attempt, r.how, r.lease_expires_at, r.completed_at, r.fingerprint, r.output, now()
+    FROM {{.Table}} AS r
+    WHERE r.key = $1 AND {{.Live}}(r.forget_at)
+      AND (r.state = 3 OR (r.state = 1 AND r.owner <> $2 AND r.lease_expires_at > now()))
+      AND (r.fingerprint IS NOT NULL OR $5 IS NULL);
+    IF FOUND THEN
+        RETURN;
+    END IF;
+
+    -- Anything else (a released record, a lease run out or the owner's
+    -- own, a record past its retention, a fingerprint to adopt, or a
+    -- record that changed since the read): the upsert. The conflicting
+    -- row is locked and always returned, so concurrent callers are
+    -- serialised on it and each sees the row as the winner left it; a
+    -- row the call cannot take is returned as it is. A record without a
+    -- fingerprint adopts the first one given.
+    RETURN QUERY
+    INSERT INTO {{.Table}} AS r
+        (key, state, owner, token, attempt, how, lease_expires_at, retention_us, forget_at, fingerprint)
+    VALUES ($1, 1, $2, 1, 1, 0, now() + $3 * interval '1 microsecond', $4,
+        now() + ($3 + $4) * interval '1 microsecond', $5)
     ON CONFLICT (key) DO UPDATE SET
         state            = CASE WHEN {{.Acquirable}} THEN 1 ELSE r.state END,
         how              = CASE WHEN NOT ({{.Acquirable}}) THEN r.how
@@ -41,6 +69,6 @@ WITH kept AS (
                                 ELSE coalesce(r.fingerprint, excluded.fingerprint) END,
         completed_at     = CASE WHEN r.forget_at <= now() THEN NULL ELSE r.completed_at END,
         output           = CASE WHEN r.forget_at <= now() THEN NULL ELSE r.output END
-    RETURNING state, owner, token, attempt, how, lease_expires_at, completed_at, fingerprint, output, now()
-)
-SELECT * FROM kept UNION ALL SELECT * FROM taken
+    RETURNING r.state, r.owner, r.token, r.attempt, r.how, r.lease_expires_at, r.completed_at, r.fingerprint, r.output, now();
+END
+$acquire$;

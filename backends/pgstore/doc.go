@@ -13,11 +13,13 @@
 // # Statements
 //
 // Each store call is one SQL statement on the database's clock (now()),
-// with the key, owner and every value as bind parameters. Acquire reads a
-// record it cannot change (completed, or another owner's live lease) and
-// writes nothing; otherwise it runs an INSERT ... ON CONFLICT DO UPDATE
-// that locks the key's row and returns it, so concurrent acquirers are
-// serialised on the row and each sees it as the one before left it. Renew, Complete and Release are
+// with the key, owner and every value as bind parameters. Acquire calls a
+// function that Migrate creates: a fresh key is one INSERT ... ON
+// CONFLICT DO NOTHING; a record it cannot change (completed, or another
+// owner's live lease) is read and nothing is written; anything else runs
+// an INSERT ... ON CONFLICT DO UPDATE that locks the key's row and
+// returns it, so concurrent acquirers are serialised on the row and each
+// sees it as the one before left it. Renew, Complete and Release are
 // UPDATEs that match only the lease's own owner and fencing token. Keys are
 // stored as bytea, so any bytes, NUL included, are a key.
 //

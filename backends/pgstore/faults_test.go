@@ -172,15 +172,20 @@ func TestNewValidates(t *testing.T) {
 	require.NoError(t, err, "identifiers are quoted, any name works")
 	require.Equal(t, `we"ird`, s.Options().Schema)
 
-	// The longest table name leaves room for its index's name: Postgres
-	// would silently cut a longer one at 63 bytes.
-	_, err = pgstore.New(pool, pgstore.Options{Table: strings.Repeat("t", 61)})
+	// The longest table name leaves room for its index's and its acquire
+	// function's names: Postgres would silently cut a longer one at 63
+	// bytes.
+	_, err = pgstore.New(pool, pgstore.Options{Table: strings.Repeat("t", 56)})
 	require.ErrorIs(t, err, backends.ErrInvalidOptions)
-	longest := newStore(t, pool, pgstore.Options{Table: strings.Repeat("t", 60)})
-	var index string
+	longest := newStore(t, pool, pgstore.Options{Table: strings.Repeat("t", 55)})
+	var index, function string
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND indexname LIKE '%_fa'`, longest.Options().Schema).Scan(&index))
-	require.Equal(t, strings.Repeat("t", 60)+"_fa", index)
+	require.Equal(t, strings.Repeat("t", 55)+"_fa", index)
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT proname FROM pg_proc WHERE pronamespace = to_regnamespace($1) AND proname LIKE '%_acquire'`, pgx.Identifier{longest.Options().Schema}.Sanitize()).Scan(&function))
+	require.Equal(t, strings.Repeat("t", 55)+"_acquire", function)
+	acquire(t, longest, "k", "o")
 }
 
 // The store reports the pool's MaxConns, so the middleware can keep half

@@ -30,8 +30,12 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// indexSuffix names the table's forget_at index after the table.
-const indexSuffix = "_fa"
+// The table's forget_at index and its acquire function are named after
+// the table, with these suffixes.
+const (
+	indexSuffix   = "_fa"
+	acquireSuffix = "_acquire"
+)
 
 // Defaults for [Options].
 const (
@@ -87,7 +91,8 @@ type Store struct {
 }
 
 type statements struct {
-	schema, current, acquire, renew, complete, release, inspect, list, count, delete, cleanup, watch string
+	// schema creates the table; functions creates the acquire function.
+	schema, functions, current, acquire, renew, complete, release, inspect, list, count, delete, cleanup, watch string
 }
 
 var (
@@ -98,7 +103,7 @@ var (
 )
 
 // Whether the existing row r can be taken by the inserting owner, and
-// whether it is that owner's own live lease; used by acquire.sql.
+// whether it is that owner's own live lease; used by acquire.sql's upsert.
 const (
 	acquirableSQL = `(r.forget_at <= now() OR r.state = 2 OR (r.state = 1 AND (r.owner = excluded.owner OR r.lease_expires_at <= now())))`
 	reentrantSQL  = `(r.forget_at > now() AND r.state = 1 AND r.owner = excluded.owner)`
@@ -115,7 +120,8 @@ const liveFunc = "idempotency_live"
 // (see [Store.Watch]). It does not contact the server. It returns an
 // error wrapping [backends.ErrNilClient] for a nil pool, and one wrapping
 // [backends.ErrInvalidOptions] for a schema or table name too long for
-// Postgres, or an unknown Wake.
+// Postgres (63 bytes; 55 for the table, whose acquire function is named
+// after it with 8 more), or an unknown Wake.
 func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("pgstore: %w", backends.ErrNilClient)
@@ -129,15 +135,17 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if opts.Wake != WakeNotify && opts.Wake != WakePoll {
 		return nil, fmt.Errorf("pgstore: %w: unknown Wake %d", backends.ErrInvalidOptions, int(opts.Wake))
 	}
-	if len(opts.Schema) > 63 || len(opts.Table) > 63-len(indexSuffix) {
-		return nil, fmt.Errorf("pgstore: %w: schema or table name too long for Postgres (63 bytes; the table's index adds %d to the table's)", backends.ErrInvalidOptions, len(indexSuffix))
+	if len(opts.Schema) > 63 || len(opts.Table) > 63-len(acquireSuffix) {
+		return nil, fmt.Errorf("pgstore: %w: schema or table name too long for Postgres (63 bytes; the table's acquire function adds %d to the table's)", backends.ErrInvalidOptions, len(acquireSuffix))
 	}
 	table := pgx.Identifier{opts.Schema, opts.Table}.Sanitize()
 	live := pgx.Identifier{opts.Schema, liveFunc}.Sanitize()
+	acquire := pgx.Identifier{opts.Schema, opts.Table + acquireSuffix}.Sanitize()
 	// inProgress holds for a row whose lease is live.
 	inProgress := `state = 1 AND lease_expires_at > now() AND ` + live + `(forget_at)`
 	vars := map[string]string{
 		"Live":       live,
+		"Acquire":    acquire,
 		"Schema":     pgx.Identifier{opts.Schema}.Sanitize(),
 		"Table":      table,
 		"Index":      pgx.Identifier{opts.Table + indexSuffix}.Sanitize(),
@@ -162,14 +170,17 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	clearWaited := `waited = CASE WHEN waited THEN ` + notifySQL(channel, false) + ` ELSE false END`
 	notified := `CASE WHEN waited THEN ` + notifySQL(channel, true) + ` END AS notified`
 	s := &Store{pool: pool, opts: opts, poolSize: int(pool.Config().MaxConns), channel: channel, sql: statements{
-		schema: render(schemaSQL),
+		schema:    render(schemaSQL),
+		functions: render(acquireSQL),
 		// Whether the table, its last added column, its index and the
-		// function exist: then Migrate has nothing to do and takes no lock.
+		// liveness function exist, and whether the acquire function does:
+		// then Migrate has nothing to do and takes no lock.
 		current: `SELECT to_regclass(` + quoteLiteral(pgx.Identifier{opts.Schema, opts.Table + indexSuffix}.Sanitize()) + `) IS NOT NULL
 			AND to_regprocedure(` + quoteLiteral(live+`(timestamptz)`) + `) IS NOT NULL
 			AND EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(` + quoteLiteral(table) + `)
-				AND attname = 'waited' AND NOT attisdropped)`,
-		acquire: render(acquireSQL),
+				AND attname = 'waited' AND NOT attisdropped),
+			to_regprocedure(` + quoteLiteral(acquire+`(bytea,text,bigint,bigint,bytea)`) + `) IS NOT NULL`,
+		acquire: `SELECT * FROM ` + acquire + `($1, $2, $3, $4, $5)`,
 		renew: `UPDATE ` + table + ` SET lease_expires_at = now() + $4::bigint * interval '1 microsecond',
 			forget_at = now() + ($4::bigint + retention_us) * interval '1 microsecond' WHERE ` + held,
 		complete: `UPDATE ` + table + ` SET state = 3, completed_at = now(), output = $4,
@@ -208,10 +219,12 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 func (s *Store) PoolSize() int { return s.poolSize }
 
 // Schema returns the SQL that Migrate runs: the schema, the table and its
-// index, each created if it does not exist, and the waited column added
-// to a table created without it. Give it to an external migration tool
-// instead of calling Migrate.
-func (s *Store) Schema() string { return s.sql.schema }
+// index, each created if it does not exist, the waited column added to a
+// table created without it, and the functions the store's statements
+// call, created or replaced. Give it to an external migration tool
+// instead of calling Migrate, and run it again after an upgrade of this
+// package: a release may add to it (docs/upgrading.md).
+func (s *Store) Schema() string { return s.sql.schema + "\n\n" + s.sql.functions }
 
 // Options returns the store's options with defaults applied.
 func (s *Store) Options() Options { return s.opts }
@@ -221,20 +234,23 @@ func (s *Store) Options() Options { return s.opts }
 const migrationLockID = 0x1de_0_7e47
 
 // Migrate creates the schema, the table and its index if they do not
-// exist, and adds the waited column (see [Store.Watch]) to a table created
-// before it. It is idempotent and safe to call from several instances at
+// exist, adds the waited column (see [Store.Watch]) to a table created
+// before it, and creates the table's acquire function if it does not
+// exist. It is idempotent and safe to call from several instances at
 // once. On a current schema it only reads the catalog, and takes no lock
-// that would wait for, or hold up, the calls of running instances.
+// that would wait for, or hold up, the calls of running instances; on a
+// current table whose acquire function is missing (as when a release adds
+// or renames it) it only creates the function, which locks no table.
 func (s *Store) Migrate(ctx context.Context) error {
-	// A current schema is left alone: ALTER TABLE and CREATE INDEX lock
+	// A current table is left alone: ALTER TABLE and CREATE INDEX lock
 	// the table even when IF NOT EXISTS makes them do nothing, and a
 	// deploy that migrates at start-up must not queue behind, and block,
 	// the traffic of the instances already running.
-	var current bool
-	if err := s.pool.QueryRow(ctx, s.sql.current).Scan(&current); err != nil {
+	var table, functions bool
+	if err := s.pool.QueryRow(ctx, s.sql.current).Scan(&table, &functions); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
-	if current {
+	if table && functions {
 		return nil
 	}
 	tx, err := s.pool.Begin(ctx)
@@ -245,7 +261,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLockID)); err != nil {
 		return fmt.Errorf("pgstore: migrate: lock: %w", err)
 	}
-	if _, err := tx.Exec(ctx, s.sql.schema); err != nil {
+	if !table {
+		if _, err := tx.Exec(ctx, s.sql.schema); err != nil {
+			return fmt.Errorf("pgstore: migrate: %w", err)
+		}
+	}
+	if _, err := tx.Exec(ctx, s.sql.functions); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -103,7 +103,8 @@ func TestDuplicateAcquireWritesNothing(t *testing.T) {
 // Migrate at start-up on a current schema takes no lock on the table: it
 // returns while another transaction holds the lock a write takes (ROW
 // EXCLUSIVE), where ALTER TABLE or CREATE INDEX would queue behind it
-// (and every later call behind them). The 30 s bound is only there to
+// (and every later call behind them). Nor does it when only the acquire
+// function is missing. The 30 s bound is only there to
 // end the test if it waits.
 func TestMigrateOnCurrentSchemaTakesNoLock(t *testing.T) {
 	pool := testserver.PostgresPool(t)
@@ -118,6 +119,13 @@ func TestMigrateOnCurrentSchemaTakesNoLock(t *testing.T) {
 	bounded, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	require.NoError(t, s.Migrate(bounded), "Migrate waited for the table's lock")
+
+	// A table migrated by an earlier release, which created no acquire
+	// function, gets the function alone: creating it locks no table.
+	_, err = pool.Exec(ctx, `DROP FUNCTION `+pgx.Identifier{s.Options().Schema, s.Options().Table + "_acquire"}.Sanitize())
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(bounded), "Migrate waited for the table's lock to create the acquire function")
+	acquire(t, s, "after-upgrade", "holder")
 
 	// A schema that is not current is still migrated, once the lock is
 	// gone.

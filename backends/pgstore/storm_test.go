@@ -113,9 +113,14 @@ func TestTxStormExactlyOnceEffects(t *testing.T) {
 
 // A table that does not exist (Migrate never ran) is an error retrying
 // cannot fix: the store marks it, and the middleware fails the delivery
-// after one call instead of retrying until Timing.StoreTimeout.
+// after one call instead of retrying until Timing.StoreTimeout. Acquire
+// finds the table's function missing (42883), or its schema (3F000).
 func TestMissingTableIsRejected(t *testing.T) {
-	s, err := pgstore.New(testserver.PostgresPool(t), pgstore.Options{Schema: "pgstore_never_migrated"})
-	require.NoError(t, err)
-	storetest.CheckRejected(t, s, "42P01")
+	for schema, code := range map[string]string{"public": "42883", "pgstore_never_migrated": "3F000"} {
+		t.Run(schema, func(t *testing.T) {
+			s, err := pgstore.New(testserver.PostgresPool(t), pgstore.Options{Schema: schema, Table: "never_migrated"})
+			require.NoError(t, err)
+			storetest.CheckRejected(t, s, code)
+		})
+	}
 }

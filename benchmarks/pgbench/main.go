@@ -1,6 +1,8 @@
 // Command pgbench measures the Postgres store against pgbench running the
 // store's own acquire and complete statements, on the same server, at the
-// same concurrency, in one run, for a logged and an UNLOGGED table.
+// same concurrency, in one run, for a logged and an UNLOGGED table; then,
+// for a server on this machine, the server CPU of each kind of call on
+// its own, on one connection, beside a bare insert of the same row.
 //
 //	go run ./pgbench -url postgres://postgres@127.0.0.1:5432/test -clients 16 -duration 10s
 package main
@@ -112,6 +114,8 @@ func run(url string, clients int, duration time.Duration, rounds int) error {
 		}
 		return store, store.Migrate(ctx)
 	}
+	var perCallNames []string
+	var perCallMedians [][]time.Duration
 	for _, unlogged := range []bool{false, true} {
 		name := "logged"
 		if unlogged {
@@ -153,6 +157,17 @@ func run(url string, clients int, duration time.Duration, rounds int) error {
 				}
 			}
 		}
+		if server.postmaster != 0 {
+			store, err := fresh(unlogged)
+			if err != nil {
+				return err
+			}
+			m, err := perCall(ctx, url, store, rounds)
+			if err != nil {
+				return err
+			}
+			perCallNames, perCallMedians = append(perCallNames, name), append(perCallMedians, m)
+		}
 		results = append(results, result{name: name, limit: load.Median(limits), ours: load.Median(ourRuns),
 			limitCPU: load.MedianDuration(limitCPU), oursCPU: load.MedianDuration(ourCPU),
 			clientCPU: load.MedianDuration(clientCPU), lone: load.MedianDuration(lone)})
@@ -170,7 +185,13 @@ func run(url string, clients int, duration time.Duration, rounds int) error {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%.3f\t%s\t%s\t\n", r.name, micros(r.limitCPU), micros(r.oursCPU),
 			float64(r.oursCPU)/float64(r.limitCPU), micros(r.clientCPU), micros(r.lone))
 	}
-	return w.Flush()
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if perCallNames == nil {
+		return nil
+	}
+	return printPerCall(os.Stdout, perCallNames, perCallMedians, rounds)
 }
 
 // loneCycles is how many cycles one client runs, one after another, for

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/pgstore"
+	"github.com/watermill-idempotency/idempotency/benchmarks/internal/load"
+)
+
+// perCallCalls is how many calls of each kind one round of perCall makes.
+const perCallCalls = 5000
+
+// perCall measures the server CPU of each kind of store call on its own:
+// one connection (so the batcher sends every call alone), the backend's
+// own CPU time from /proc, each kind of call perCallCalls times a round,
+// in the order a key lives them: an Acquire of a fresh key, its
+// Complete, then an Acquire of the completed key by another owner (a
+// duplicate). Beside them, the floor of a fresh key: a bare INSERT ... ON
+// CONFLICT DO NOTHING of the same row into the same table. It returns
+// the median per call of each, in the order of perCallKinds.
+func perCall(ctx context.Context, url string, store *pgstore.Store, rounds int) ([]time.Duration, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	opts := store.Options()
+	opts.Wake = pgstore.WakePoll // no listener: the one connection runs every call
+	s, err := pgstore.New(pool, opts)
+	if err != nil {
+		return nil, err
+	}
+	var backend int
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		return nil, err
+	}
+	backendCPU := func() (time.Duration, error) {
+		f, err := procStat(backend)
+		if err != nil {
+			return 0, fmt.Errorf("the server's processes are not visible from here: %w", err)
+		}
+		return time.Duration(ticks(f, 11, 12)) * clockTick, nil
+	}
+	insert := `INSERT INTO ` + pgx.Identifier{opts.Schema, opts.Table}.Sanitize() + `
+		(key, state, owner, token, attempt, lease_expires_at, retention_us, forget_at)
+		VALUES ($1, 1, $2, 1, 1, now() + interval '30 seconds', 3600000000, now() + interval '1 hour')
+		ON CONFLICT (key) DO NOTHING`
+	request := func(key, owner string) backends.AcquireRequest {
+		return backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: 30 * time.Second, Retention: time.Hour}
+	}
+	per := make([][]time.Duration, len(perCallKinds))
+	for round := range rounds {
+		keys := make([]string, perCallCalls)
+		leases := make([]backends.Lease, perCallCalls)
+		for i := range keys {
+			keys[i] = load.NextKey()
+		}
+		kinds := []func(i int) error{
+			func(i int) error {
+				res, err := s.Acquire(ctx, request(keys[i], "holder"))
+				if err == nil && res.Status != backends.Acquired {
+					err = fmt.Errorf("acquire of a fresh key: %v", res.Status)
+				}
+				leases[i] = res.Lease
+				return err
+			},
+			func(i int) error { return s.Complete(ctx, leases[i], nil) },
+			func(i int) error {
+				res, err := s.Acquire(ctx, request(keys[i], "duplicate"))
+				if err == nil && res.Status != backends.Completed {
+					err = fmt.Errorf("acquire of a completed key: %v", res.Status)
+				}
+				return err
+			},
+			func(i int) error {
+				_, err := pool.Exec(ctx, insert, []byte(keys[i]+"-bare"), "holder")
+				return err
+			},
+		}
+		for k, kind := range kinds {
+			before, err := backendCPU()
+			if err != nil {
+				return nil, err
+			}
+			for i := range keys {
+				if err := kind(i); err != nil {
+					return nil, fmt.Errorf("round %d, %s: %w", round+1, perCallKinds[k], err)
+				}
+			}
+			after, err := backendCPU()
+			if err != nil {
+				return nil, err
+			}
+			per[k] = append(per[k], (after-before)/perCallCalls)
+		}
+	}
+	medians := make([]time.Duration, len(per))
+	for k := range per {
+		medians[k] = load.MedianDuration(per[k])
+	}
+	return medians, nil
+}
+
+// perCallKinds names perCall's measurements, in its order.
+var perCallKinds = []string{
+	"Acquire, fresh key",
+	"Complete",
+	"Acquire, completed key (a duplicate)",
+	"bare INSERT ... ON CONFLICT DO NOTHING, fresh key",
+}
+
+// printPerCall prints perCall's medians for each table kind.
+func printPerCall(out io.Writer, names []string, medians [][]time.Duration, rounds int) error {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "\nServer CPU per call, one connection, each call alone, %d calls of each a round, median of %d rounds\n\n", perCallCalls, rounds)
+	fmt.Fprint(w, "call\t")
+	for _, n := range names {
+		fmt.Fprint(w, n+"\t")
+	}
+	fmt.Fprintln(w)
+	for k, kind := range perCallKinds {
+		fmt.Fprint(w, kind+"\t")
+		for i := range names {
+			fmt.Fprint(w, micros(medians[i][k])+"\t")
+		}
+		fmt.Fprintln(w)
+	}
+	return w.Flush()
+}
