@@ -118,7 +118,7 @@ type receipt struct {
 // messages are settled, then shuts it down gracefully.
 func run(ctx context.Context, cfg config, withDemo bool) error {
 	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{ReplaceAttr: withoutTime}))
-	wmLogger := watermill.NewSlogLoggerWithLevelMapping(logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
+	wmLogger := shutdownIsNoError{watermill.NewSlogLoggerWithLevelMapping(logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})}
 	n := namesFor(cfg.prefix)
 
 	// The database: leases, charges and the outbox, in one Postgres.
@@ -265,4 +265,22 @@ func withoutTime(groups []string, a slog.Attr) slog.Attr {
 		return slog.Attr{}
 	}
 	return a
+}
+
+// shutdownIsNoError logs at debug the errors that only say a call was
+// cancelled: the shutdown cancels the subscriber's read in progress, and
+// watermill-redisstream logs it as an error, up to half a second later,
+// after the router has returned.
+type shutdownIsNoError struct{ watermill.LoggerAdapter }
+
+func (l shutdownIsNoError) Error(msg string, err error, fields watermill.LogFields) {
+	if errors.Is(err, context.Canceled) {
+		l.LoggerAdapter.Debug(msg+": "+err.Error(), fields)
+		return
+	}
+	l.LoggerAdapter.Error(msg, err, fields)
+}
+
+func (l shutdownIsNoError) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return shutdownIsNoError{l.LoggerAdapter.With(fields)}
 }
