@@ -15,6 +15,8 @@
 //	pg-insert       a hand-written lease on Postgres: INSERT ON CONFLICT DO
 //	                NOTHING before the handler, UPDATE after (peers.go)
 //	pgstore         this middleware on Postgres
+//	mysql-insert    a hand-written lease on MariaDB or MySQL: INSERT IGNORE
+//	                before the handler, UPDATE after, prepared (peers.go)
 //	mysqlstore      this middleware on MariaDB or MySQL
 //
 // and prints for each the messages per second and the CPU each message

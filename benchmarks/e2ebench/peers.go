@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -153,6 +154,83 @@ func setupInsert(ctx context.Context, e *env, id string, _ idempotency.Observer)
 	p.claim = func(ctx context.Context, key string) (bool, bool, error) {
 		tag, err := pool.Exec(ctx, claim, key, peerLease)
 		if err != nil || tag.RowsAffected() == 1 {
+			return false, false, err
+		}
+		done, gone, err := p.state(ctx, key)
+		if err == nil && gone {
+			return p.claim(ctx, key) // released in between: claim again
+		}
+		return done, !done, err
+	}
+	return p.middleware, undo, nil
+}
+
+// setupMysqlInsert is the peer on MariaDB or MySQL: INSERT IGNORE to claim
+// (and a SELECT when the key was there), UPDATE to mark done, each
+// statement prepared once, on a *sql.DB of its own as mysqlstore has and
+// a table keyed by the message UUID.
+func setupMysqlInsert(ctx context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+	db, err := e.mysqlDB("mysql-insert")
+	if err != nil {
+		return nil, nil, err
+	}
+	table := "`" + sqlName(e.name(id, "claims")) + "`"
+	var stmts []*sql.Stmt
+	undo := func() {
+		for _, st := range stmts {
+			_ = st.Close()
+		}
+		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table)
+		db.Close()
+	}
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (`key` VARBINARY(255) PRIMARY KEY, done BOOLEAN NOT NULL DEFAULT FALSE, expires_at DATETIME(6) NOT NULL)"); err != nil {
+		undo()
+		return nil, nil, err
+	}
+	prepare := func(q string) *sql.Stmt {
+		st, perr := db.PrepareContext(ctx, q)
+		if perr != nil {
+			err = errors.Join(err, perr)
+			return nil
+		}
+		stmts = append(stmts, st)
+		return st
+	}
+	claim := prepare("INSERT IGNORE INTO " + table + " (`key`, expires_at) VALUES (?, NOW(6) + INTERVAL ? MICROSECOND)")
+	state := prepare("SELECT done FROM " + table + " WHERE `key` = ?")
+	finish := prepare("UPDATE " + table + " SET done = TRUE, expires_at = NOW(6) + INTERVAL ? MICROSECOND WHERE `key` = ?")
+	release := prepare("DELETE FROM " + table + " WHERE `key` = ? AND NOT done")
+	if err == nil {
+		err = warmDB(ctx, db, e.poolSize())
+	}
+	if err != nil {
+		undo()
+		return nil, nil, err
+	}
+	p := peer{
+		state: func(ctx context.Context, key string) (bool, bool, error) {
+			var done bool
+			err := state.QueryRowContext(ctx, key).Scan(&done)
+			if errors.Is(err, sql.ErrNoRows) {
+				return false, true, nil
+			}
+			return done, false, err
+		},
+		finish: func(ctx context.Context, key string) error {
+			_, err := finish.ExecContext(ctx, peerRetention.Microseconds(), key)
+			return err
+		},
+		release: func(ctx context.Context, key string) error {
+			_, err := release.ExecContext(ctx, key)
+			return err
+		},
+	}
+	p.claim = func(ctx context.Context, key string) (bool, bool, error) {
+		res, err := claim.ExecContext(ctx, key, peerLease.Microseconds())
+		if err != nil {
+			return false, false, err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 1 {
 			return false, false, err
 		}
 		done, gone, err := p.state(ctx, key)

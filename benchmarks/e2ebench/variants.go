@@ -80,6 +80,7 @@ var variants = []variant{
 	{name: "redisstore-off", once: true, setup: setupRedisstore(redisstore.CoalesceOff)},
 	{name: "pg-insert", once: true, peer: true, server: postgresServer, setup: setupInsert},
 	{name: "pgstore", once: true, server: postgresServer, setup: setupPgstore},
+	{name: "mysql-insert", once: true, peer: true, server: mariadbServer, setup: setupMysqlInsert},
 	{name: "mysqlstore", once: true, server: mariadbServer, setup: setupMysqlstore},
 }
 
@@ -206,15 +207,10 @@ func warmPool(ctx context.Context, pool *pgxpool.Pool, n int) error {
 // setupMysqlstore gives the store a *sql.DB of its own with a limit
 // (docs/mysql.md) and a table of the run's, dropped afterwards.
 func setupMysqlstore(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
-	if e.cfg.mysqlDSN == "" {
-		return nil, nil, errors.New("mysqlstore needs -mysql")
-	}
-	db, err := sql.Open("mysql", e.cfg.mysqlDSN)
+	db, err := e.mysqlDB("mysqlstore")
 	if err != nil {
 		return nil, nil, err
 	}
-	db.SetMaxOpenConns(e.poolSize())
-	db.SetMaxIdleConns(e.poolSize())
 	table := sqlName(e.name(id))
 	store, err := mysqlstore.New(db, mysqlstore.Options{Table: table})
 	if err != nil {
@@ -229,18 +225,42 @@ func setupMysqlstore(ctx context.Context, e *env, id string, obs idempotency.Obs
 		undo()
 		return nil, nil, err
 	}
-	// Open the pool's connections now, as a running service has them.
-	conns := make([]*sql.Conn, 0, e.poolSize())
-	for range e.poolSize() {
+	if err := warmDB(ctx, db, e.poolSize()); err != nil {
+		undo()
+		return nil, nil, err
+	}
+	return e.middleware(store, obs, undo)
+}
+
+// mysqlDB returns a *sql.DB of its own for variant, of poolSize
+// connections.
+func (e *env) mysqlDB(variant string) (*sql.DB, error) {
+	if e.cfg.mysqlDSN == "" {
+		return nil, errors.New(variant + " needs -mysql")
+	}
+	db, err := sql.Open("mysql", e.cfg.mysqlDSN)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(e.poolSize())
+	db.SetMaxIdleConns(e.poolSize())
+	return db, nil
+}
+
+// warmDB opens n of db's connections now, as a running service has them.
+func warmDB(ctx context.Context, db *sql.DB, n int) error {
+	conns := make([]*sql.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for range n {
 		c, err := db.Conn(ctx)
 		if err != nil {
-			undo()
-			return nil, nil, err
+			return err
 		}
 		conns = append(conns, c)
 	}
-	for _, c := range conns {
-		_ = c.Close()
-	}
-	return e.middleware(store, obs, undo)
+	return nil
 }
