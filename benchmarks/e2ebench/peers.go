@@ -72,6 +72,25 @@ func (p peer) middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
+// claimByInsert is a claim through insert, which reports whether it
+// inserted the key's row: if it did not, the key's state says whether it
+// was done or is claimed, and a claim released meanwhile is tried again.
+func (p peer) claimByInsert(insert func(ctx context.Context, key string) (bool, error)) func(ctx context.Context, key string) (done, busy bool, err error) {
+	var claim func(ctx context.Context, key string) (bool, bool, error)
+	claim = func(ctx context.Context, key string) (bool, bool, error) {
+		inserted, err := insert(ctx, key)
+		if err != nil || inserted {
+			return false, false, err
+		}
+		done, gone, err := p.state(ctx, key)
+		if err == nil && gone {
+			return claim(ctx, key) // released in between: claim again
+		}
+		return done, !done, err
+	}
+	return claim
+}
+
 // setupSetnx is the peer on Redis: SET NX PX GET to claim, SET PX to mark
 // done, on a client of its own as redisstore has.
 func setupSetnx(_ context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
@@ -151,17 +170,10 @@ func setupInsert(ctx context.Context, e *env, id string, _ idempotency.Observer)
 			return err
 		},
 	}
-	p.claim = func(ctx context.Context, key string) (bool, bool, error) {
+	p.claim = p.claimByInsert(func(ctx context.Context, key string) (bool, error) {
 		tag, err := pool.Exec(ctx, claim, key, peerLease)
-		if err != nil || tag.RowsAffected() == 1 {
-			return false, false, err
-		}
-		done, gone, err := p.state(ctx, key)
-		if err == nil && gone {
-			return p.claim(ctx, key) // released in between: claim again
-		}
-		return done, !done, err
-	}
+		return tag.RowsAffected() == 1, err
+	})
 	return p.middleware, undo, nil
 }
 
@@ -225,19 +237,13 @@ func setupMysqlInsert(ctx context.Context, e *env, id string, _ idempotency.Obse
 			return err
 		},
 	}
-	p.claim = func(ctx context.Context, key string) (bool, bool, error) {
+	p.claim = p.claimByInsert(func(ctx context.Context, key string) (bool, error) {
 		res, err := claim.ExecContext(ctx, key, peerLease.Microseconds())
 		if err != nil {
-			return false, false, err
+			return false, err
 		}
-		if n, err := res.RowsAffected(); err != nil || n == 1 {
-			return false, false, err
-		}
-		done, gone, err := p.state(ctx, key)
-		if err == nil && gone {
-			return p.claim(ctx, key) // released in between: claim again
-		}
-		return done, !done, err
-	}
+		n, err := res.RowsAffected()
+		return n == 1, err
+	})
 	return p.middleware, undo, nil
 }
