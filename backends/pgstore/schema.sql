@@ -19,7 +19,7 @@ CREATE {{.Unlogged}} TABLE IF NOT EXISTS {{.Table}} (
     fingerprint      bytea,
     output           bytea,
     waited           boolean     NOT NULL DEFAULT false -- a watch waits for the key: its next change notifies
-) WITH (fillfactor = 80);                            -- room for HOT updates of lease renewals
+) WITH (fillfactor = 80);                            -- room on the page for a row's next versions
 {{- /* end snippet */}}
 
 -- Tables created before the waited column get it; adding a column with a
