@@ -452,7 +452,9 @@ func (a *acquired) scan(row *sql.Row) error {
 	return row.Scan(&a.state, &a.owner, &a.token, &a.attempt, &a.how, &a.leaseUs, &a.completedUs, &a.fingerprint, &a.output, &a.nowUs)
 }
 
-// How an Acquire decided, in the how column (acquire.sql).
+// How an Acquire decided, in the how column (acquire.sql). An Acquire that
+// changes nothing leaves the column as it was; versions before this one
+// wrote howRefused there.
 const (
 	howFresh = iota
 	howTakeover

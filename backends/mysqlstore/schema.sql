@@ -9,7 +9,7 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     owner            VARBINARY(255)  NOT NULL,
     token            BIGINT          NOT NULL,           -- fencing token
     attempt          INT             NOT NULL,
-    how              TINYINT         NOT NULL DEFAULT 0, -- the last Acquire's decision (see acquire.sql)
+    how              TINYINT         NOT NULL DEFAULT 0, -- how the lease was last taken (see acquire.sql)
     lease_expires_us BIGINT          NOT NULL,
     retention_us     BIGINT          NOT NULL,
     completed_us     BIGINT          NULL,

@@ -1,6 +1,7 @@
 package mysqlstore_test
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"testing"
@@ -231,4 +232,49 @@ func TestUnchangedUpdateStillHoldsTheLease(t *testing.T) {
 	require.ErrorIs(t, early.Renew(ctx(t), stale, time.Minute), backends.ErrLeaseLost, "the read does not hide a lease that is not held")
 	require.Equal(t, backends.Acquired, acquireFP(t, late, "k", "b", "").Status)
 	require.ErrorIs(t, early.Renew(ctx(t), l, time.Minute), backends.ErrLeaseLost, "nor one taken over")
+}
+
+// Trap: an upsert that changes nothing still writes the row if any
+// assignment leaves a value different from the old one. A duplicate of a
+// completed key or of another owner's lease leaves every column as it
+// was, `how` included, so the server writes nothing for it and its commit
+// waits for no log flush; only a fingerprint to adopt is a write. The
+// server's Handler_update counts the rows its session updated.
+func TestDuplicateAcquireWritesNothing(t *testing.T) {
+	t.Parallel()
+	for _, flavor := range flavors {
+		t.Run(flavor.String(), func(t *testing.T) {
+			t.Parallel()
+			db := openDB(t, 1, nil) // one connection: the session whose count is read
+			s := newStore(t, db, mysqlstore.Options{Flavor: flavor})
+			ctx := context.Background()
+			done := acquire(t, s, "done", "holder", time.Minute).Lease
+			require.NoError(t, s.Complete(ctx, done, []byte("out")))
+			acquire(t, s, "held", "holder", time.Minute)
+			updates := func() int64 {
+				var name string
+				var n int64
+				require.NoError(t, db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Handler_update'").Scan(&name, &n))
+				return n
+			}
+			before := updates()
+			for i := range 3 {
+				owner := fmt.Sprintf("dup-%d", i)
+				res := acquire(t, s, "done", owner, time.Minute)
+				require.Equal(t, backends.Completed, res.Status)
+				require.Equal(t, []byte("out"), res.Output)
+				res = acquire(t, s, "held", owner, time.Minute)
+				require.Equal(t, backends.InProgress, res.Status)
+			}
+			require.Equal(t, before, updates(), "a duplicate updated a row")
+
+			// What a duplicate cannot only read still writes: a
+			// fingerprint for a record without one is adopted.
+			res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "held", Owner: "dup", LeaseTTL: time.Minute, Retention: time.Hour, Fingerprint: []byte("fp")})
+			require.NoError(t, err)
+			require.Equal(t, backends.InProgress, res.Status)
+			require.Equal(t, []byte("fp"), res.Fingerprint)
+			require.Greater(t, updates(), before, "the fingerprint was adopted")
+		})
+	}
 }
