@@ -21,7 +21,7 @@ INSERT INTO {{.Table}}
 VALUES
     (:key, 1, :owner, 1, 1, 0, {{.Now}} + :ttl, :ret, {{.Now}} + :ttl + :ret, :fp)
 ON DUPLICATE KEY UPDATE
-    how              = CASE WHEN forget_us <= {{.Now}} THEN 0
+    how              = CASE WHEN {{.Until}} <= {{.Now}} THEN 0
                             WHEN state = 2 THEN 3
                             WHEN state = 1 AND owner = :owner THEN 2
                             WHEN state = 1 AND lease_expires_us <= {{.Now}} THEN 1

@@ -40,5 +40,8 @@
 // A record counts as absent one retention after its lease ends, it is
 // released or it is completed; [Store.Cleanup] and [Store.RunCleaner]
 // delete such records in bounded batches, but correctness never depends on
-// them. docs/mysql.md has the schema, the dialects and tuning.
+// them. A completion within its lease leaves the cleanup index alone, so
+// the row of a record so completed is deleted once its lease's end plus
+// the retention has passed too. docs/mysql.md has the schema, the dialects
+// and tuning.
 package mysqlstore

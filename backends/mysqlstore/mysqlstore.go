@@ -113,6 +113,15 @@ var (
 // time zone.
 const now = `TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))`
 
+// until is the time until which a record counts: for a completed
+// record, its completion plus its retention; for any other, forget_us. A
+// completion within its lease leaves forget_us as Acquire set it, the
+// lease's end plus the retention (see the complete statement), so that
+// the update changes no indexed column and InnoDB leaves the forget_us
+// index alone; forget_us is then only a bound, and cleanup, which reads
+// its index, deletes a completed record once both times have passed.
+const until = `IF(state = 3, completed_us + retention_us, forget_us)`
+
 var (
 	paramRE  = regexp.MustCompile(`:[a-z]+`)
 	tableRE  = regexp.MustCompile(`^[A-Za-z0-9_$]{1,64}(\.[A-Za-z0-9_$]{1,64})?$`)
@@ -164,7 +173,7 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 	// keep the index's within 64 characters cannot make two collide.
 	index := parts[len(parts)-1]
 	index = index[:min(len(index), 64-len("_fa"))] + "_fa"
-	vars := map[string]string{"Table": table, "Index": "`" + index + "`", "Now": now}
+	vars := map[string]string{"Table": table, "Index": "`" + index + "`", "Now": now, "Until": until}
 	render := func(src string) string {
 		var b strings.Builder
 		template.Must(template.New("").Parse(src)).Execute(&b, vars) // fixed templates: cannot fail
@@ -178,16 +187,16 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 		acquireReturning: acquire.sql + "\nRETURNING " + columnsS,
 		acquireRead:      "SELECT " + columnsS + " FROM " + table + " WHERE `key` = ?",
 		renew:            "UPDATE " + table + " SET lease_expires_us = " + now + " + ?, forget_us = " + now + " + ? + retention_us WHERE " + held,
-		complete:         "UPDATE " + table + " SET state = 3, completed_us = " + now + ", output = ?, forget_us = " + now + " + retention_us WHERE " + held,
+		complete:         "UPDATE " + table + " SET state = 3, completed_us = " + now + ", output = ?, forget_us = GREATEST(forget_us, " + now + " + retention_us) WHERE " + held,
 		release:          "UPDATE " + table + " SET state = 2, forget_us = " + now + " + retention_us WHERE " + held,
 		stillHeld:        "SELECT 1 FROM " + table + " WHERE " + held,
-		inspect:          "SELECT " + recordColumns + " FROM " + table + " WHERE `key` = ? AND forget_us > " + now,
-		list: "SELECT " + recordColumns + " FROM " + table + " WHERE forget_us > " + now +
+		inspect:          "SELECT " + recordColumns + " FROM " + table + " WHERE `key` = ? AND " + until + " > " + now,
+		list: "SELECT " + recordColumns + " FROM " + table + " WHERE " + until + " > " + now +
 			" AND `key` > ? AND `key` >= ? AND (? IS NULL OR `key` < ?) AND " + stateFilter + " ORDER BY `key` LIMIT ?",
 		count: "SELECT COALESCE(SUM(state = 1 AND lease_expires_us > " + now + "), 0), COALESCE(SUM(state = 1 AND lease_expires_us <= " + now + "), 0)," +
 			" COALESCE(SUM(state = 2), 0), COALESCE(SUM(state = 3), 0) FROM " + table +
-			" WHERE forget_us > " + now + " AND `key` >= ? AND (? IS NULL OR `key` < ?)",
-		deleteLive: "DELETE FROM " + table + " WHERE `key` = ? AND forget_us > " + now,
+			" WHERE " + until + " > " + now + " AND `key` >= ? AND (? IS NULL OR `key` < ?)",
+		deleteLive: "DELETE FROM " + table + " WHERE `key` = ? AND " + until + " > " + now,
 		deleteAny:  "DELETE FROM " + table + " WHERE `key` = ?",
 		cleanup:    "DELETE FROM " + table + " WHERE forget_us <= " + now + " ORDER BY forget_us LIMIT ?",
 	}}
@@ -599,8 +608,9 @@ func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
 	return s.held(ctx, s.db, "release", s.sql.release, lease)
 }
 
-// recordColumns are the columns scanRecord reads, in order.
-const recordColumns = "`key`, state, owner, token, attempt, lease_expires_us, completed_us, forget_us, fingerprint, output, " + now
+// recordColumns are the columns scanRecord reads, in order; the eighth is
+// when the record stops counting.
+const recordColumns = "`key`, state, owner, token, attempt, lease_expires_us, completed_us, " + until + ", fingerprint, output, " + now
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -676,9 +686,10 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 }
 
 // Cleanup deletes up to batch records past their retention, oldest first,
-// and returns how many it deleted. Records past their retention already
-// count as absent, so cleanup only reclaims space; it never changes what
-// the store answers.
+// and returns how many it deleted; a record completed within its lease
+// once its lease's end plus the retention has passed too. Records past
+// their retention already count as absent, so cleanup only reclaims
+// space; it never changes what the store answers.
 func (s *Store) Cleanup(ctx context.Context, batch int) (int64, error) {
 	if batch <= 0 {
 		return 0, fmt.Errorf("%w: batch must be positive, got %d", backends.ErrInvalidRequest, batch)

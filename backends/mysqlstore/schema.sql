@@ -13,7 +13,7 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     lease_expires_us BIGINT          NOT NULL,
     retention_us     BIGINT          NOT NULL,
     completed_us     BIGINT          NULL,
-    forget_us        BIGINT          NOT NULL,           -- the record counts as absent from then on
+    forget_us        BIGINT          NOT NULL,           -- absent from then on; completed, from completed_us + retention
     fingerprint      BLOB            NULL,
     output           LONGBLOB        NULL,
     PRIMARY KEY (`key`),

@@ -278,3 +278,59 @@ func TestDuplicateAcquireWritesNothing(t *testing.T) {
 		})
 	}
 }
+
+// A completion within its lease changes no indexed column: forget_us
+// stays as Acquire set it, a bound past the completion plus the
+// retention, so InnoDB writes nothing to the forget_us index (the last
+// change to any of its pages, INNODB_BUFFER_PAGE's NEWEST_MODIFICATION,
+// stays where it was). A completion after the lease's end moves forget_us
+// to that time.
+func TestCompleteWithinLeaseLeavesTheIndex(t *testing.T) {
+	t.Parallel()
+	db := openDB(t, 2, nil)
+	s := newStore(t, db, mysqlstore.Options{})
+	ctx := context.Background()
+	table := s.Options().Table
+	row := func(key string) (forget, bound int64) {
+		t.Helper()
+		require.NoError(t, db.QueryRowContext(ctx, "SELECT forget_us, COALESCE(completed_us, 0) + retention_us FROM `"+table+"` WHERE `key` = ?",
+			[]byte(key)).Scan(&forget, &bound))
+		return forget, bound
+	}
+	indexChanged := func() (lsn int64) {
+		t.Helper()
+		require.NoError(t, db.QueryRowContext(ctx, "SELECT COALESCE(MAX(NEWEST_MODIFICATION), 0) FROM information_schema.INNODB_BUFFER_PAGE WHERE INDEX_NAME = ? AND TABLE_NAME LIKE ?",
+			table+"_fa", "%`"+table+"`").Scan(&lsn))
+		return lsn
+	}
+	const n = 20
+	leases := make([]backends.Lease, n)
+	before := make([]int64, n)
+	for i := range leases {
+		leases[i] = acquire(t, s, fmt.Sprint("k", i), "holder", time.Minute).Lease
+		before[i], _ = row(leases[i].Key)
+	}
+	lsn := indexChanged()
+	require.NotZero(t, lsn, "the index's pages are in the buffer pool")
+	for i, l := range leases {
+		require.NoError(t, s.Complete(ctx, l, nil))
+		forget, bound := row(l.Key)
+		require.Equal(t, before[i], forget, "forget_us as Acquire set it")
+		require.GreaterOrEqual(t, forget, bound, "forget_us is past the completion plus the retention")
+		rec, err := s.Inspect(ctx, l.Key)
+		require.NoError(t, err)
+		require.Equal(t, backends.StateCompleted, rec.State)
+		require.Equal(t, bound, rec.ExpiresAt.UnixMicro(), "Inspect tells the end of the retention, not forget_us")
+	}
+	require.Equal(t, lsn, indexChanged(), "a completion wrote to the forget_us index")
+
+	// After the lease's end (the record not yet forgotten: its retention
+	// is long), the completion moves forget_us to the completion plus the
+	// retention.
+	late := acquire(t, s, "late", "holder", time.Millisecond).Lease
+	time.Sleep(10 * time.Millisecond)
+	require.NoError(t, s.Complete(ctx, late, nil))
+	forget, bound := row("late")
+	require.Equal(t, bound, forget)
+	require.Greater(t, indexChanged(), lsn)
+}

@@ -1,6 +1,7 @@
 {{- /* The acquire function: a template. .Acquire is its quoted,
 schema-qualified name, .Table the table's, .Live the liveness function's;
-.Acquirable and .Reentrant are the conditions on the existing row r. */ -}}
+.Acquirable and .Reentrant are the conditions on the existing row r, .Until
+the time until which r counts (untilSQL). */ -}}
 -- Takes the lease on key $1 for owner $2 (lease TTL $3 µs, retention $4 µs,
 -- fingerprint $5), or leaves the record as it is, and returns the record.
 -- Acquire calls it: one statement, whose plan only runs what the key's
@@ -32,7 +33,7 @@ BEGIN
     RETURN QUERY
     SELECT r.state, r.owner, r.token, r.attempt, r.how, r.lease_expires_at, r.completed_at, r.fingerprint, r.output, now()
     FROM {{.Table}} AS r
-    WHERE r.key = $1 AND {{.Live}}(r.forget_at)
+    WHERE r.key = $1 AND {{.Live}}({{.Until}})
       AND (r.state = 3 OR (r.state = 1 AND r.owner <> $2 AND r.lease_expires_at > now()))
       AND (r.fingerprint IS NOT NULL OR $5 IS NULL);
     IF FOUND THEN
@@ -59,16 +60,16 @@ BEGIN
                                 ELSE 0 END,
         token            = CASE WHEN NOT ({{.Acquirable}}) OR {{.Reentrant}} THEN r.token ELSE r.token + 1 END,
         attempt          = CASE WHEN NOT ({{.Acquirable}}) OR {{.Reentrant}} THEN r.attempt
-                                WHEN r.forget_at <= now() THEN 1
+                                WHEN {{.Until}} <= now() THEN 1
                                 ELSE r.attempt + 1 END,
         owner            = CASE WHEN {{.Acquirable}} THEN excluded.owner ELSE r.owner END,
         lease_expires_at = CASE WHEN {{.Acquirable}} THEN excluded.lease_expires_at ELSE r.lease_expires_at END,
         retention_us     = CASE WHEN {{.Acquirable}} THEN excluded.retention_us ELSE r.retention_us END,
         forget_at        = CASE WHEN {{.Acquirable}} THEN excluded.forget_at ELSE r.forget_at END,
-        fingerprint      = CASE WHEN r.forget_at <= now() THEN excluded.fingerprint
+        fingerprint      = CASE WHEN {{.Until}} <= now() THEN excluded.fingerprint
                                 ELSE coalesce(r.fingerprint, excluded.fingerprint) END,
-        completed_at     = CASE WHEN r.forget_at <= now() THEN NULL ELSE r.completed_at END,
-        output           = CASE WHEN r.forget_at <= now() THEN NULL ELSE r.output END
+        completed_at     = CASE WHEN {{.Until}} <= now() THEN NULL ELSE r.completed_at END,
+        output           = CASE WHEN {{.Until}} <= now() THEN NULL ELSE r.output END
     RETURNING r.state, r.owner, r.token, r.attempt, r.how, r.lease_expires_at, r.completed_at, r.fingerprint, r.output, now();
 END
 $acquire$;

@@ -75,7 +75,7 @@ func TestBatchRefusedCallIsNotAnothersError(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var waiting bool
 		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%')`,
-			store.Options().Table+"_acquire").Scan(&waiting))
+			pgstore.AcquireFunction(store)).Scan(&waiting))
 		return waiting
 	}, 10*time.Second, 5*time.Millisecond, "the first Acquire waits for the row")
 

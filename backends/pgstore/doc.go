@@ -69,5 +69,8 @@
 // A record past its retention counts as absent at once: correctness never
 // depends on a cleanup having run. [Store.Cleanup] deletes such records in
 // bounded batches; [Store.RunCleaner] runs it periodically until its
-// context is cancelled.
+// context is cancelled. A completion within its lease changes no indexed
+// column, so Postgres makes it a HOT update; the row of a record so
+// completed is deleted once its lease's end plus the retention has passed
+// too.
 package pgstore

@@ -1,6 +1,10 @@
 package pgstore
 
-import "time"
+import (
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // SetListenIdle makes the listeners of stores created from now on ping
 // their connection after d of silence, until restore is called.
@@ -21,3 +25,12 @@ func Queued(s *Store) int {
 	defer s.batcher.mu.Unlock()
 	return len(s.batcher.queue)
 }
+
+// AcquireFunction is the quoted, schema-qualified name of the store's
+// acquire function, as its Acquire statement calls it.
+func AcquireFunction(s *Store) string {
+	return pgx.Identifier{s.opts.Schema, s.opts.Table + acquireSuffix}.Sanitize()
+}
+
+// FunctionBody is the body of the acquire function this version creates.
+func FunctionBody(s *Store) string { return functionBody(s.sql.functions) }

@@ -102,10 +102,22 @@ var (
 	acquireSQL string
 )
 
+// untilSQL is the time until which the record in row r (an alias and a
+// dot, or empty) counts: for a completed record, its completion plus its
+// retention; for any other, forget_at. A completion within its lease
+// leaves forget_at as Acquire set it, the lease's end plus the retention
+// (see the complete statement), so that the update changes no indexed
+// column and Postgres can make it a HOT update; forget_at is then only a
+// bound, and cleanup, which reads its index, deletes a completed record
+// once both times have passed.
+func untilSQL(r string) string {
+	return `(CASE WHEN ` + r + `state = 3 THEN ` + r + `completed_at + ` + r + `retention_us * interval '1 microsecond' ELSE ` + r + `forget_at END)`
+}
+
 // Whether the existing row r can be taken by the inserting owner, and
 // whether it is that owner's own live lease; used by acquire.sql's upsert.
-const (
-	acquirableSQL = `(r.forget_at <= now() OR r.state = 2 OR (r.state = 1 AND (r.owner = excluded.owner OR r.lease_expires_at <= now())))`
+var (
+	acquirableSQL = `(` + untilSQL("r.") + ` <= now() OR r.state = 2 OR (r.state = 1 AND (r.owner = excluded.owner OR r.lease_expires_at <= now())))`
 	reentrantSQL  = `(r.forget_at > now() AND r.state = 1 AND r.owner = excluded.owner)`
 )
 
@@ -141,6 +153,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	table := pgx.Identifier{opts.Schema, opts.Table}.Sanitize()
 	live := pgx.Identifier{opts.Schema, liveFunc}.Sanitize()
 	acquire := pgx.Identifier{opts.Schema, opts.Table + acquireSuffix}.Sanitize()
+	until := untilSQL("")
 	// inProgress holds for a row whose lease is live.
 	inProgress := `state = 1 AND lease_expires_at > now() AND ` + live + `(forget_at)`
 	vars := map[string]string{
@@ -151,6 +164,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		"Index":      pgx.Identifier{opts.Table + indexSuffix}.Sanitize(),
 		"Acquirable": acquirableSQL,
 		"Reentrant":  reentrantSQL,
+		"Until":      untilSQL("r."),
 		"Unlogged":   "",
 	}
 	if opts.Unlogged {
@@ -173,30 +187,32 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		schema:    render(schemaSQL),
 		functions: render(acquireSQL),
 		// Whether the table, its last added column, its index and the
-		// liveness function exist, and whether the acquire function does:
-		// then Migrate has nothing to do and takes no lock.
+		// liveness function exist, and whether the acquire function does
+		// with this version's body ($1): then Migrate has nothing to do
+		// and takes no lock.
 		current: `SELECT to_regclass(` + quoteLiteral(pgx.Identifier{opts.Schema, opts.Table + indexSuffix}.Sanitize()) + `) IS NOT NULL
 			AND to_regprocedure(` + quoteLiteral(live+`(timestamptz)`) + `) IS NOT NULL
 			AND EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(` + quoteLiteral(table) + `)
 				AND attname = 'waited' AND NOT attisdropped),
-			to_regprocedure(` + quoteLiteral(acquire+`(bytea,text,bigint,bigint,bytea)`) + `) IS NOT NULL`,
+			coalesce((SELECT prosrc = $1 FROM pg_proc WHERE oid = to_regprocedure(` + quoteLiteral(acquire+`(bytea,text,bigint,bigint,bytea)`) + `)), false)`,
 		acquire: `SELECT * FROM ` + acquire + `($1, $2, $3, $4, $5)`,
 		renew: `UPDATE ` + table + ` SET lease_expires_at = now() + $4::bigint * interval '1 microsecond',
 			forget_at = now() + ($4::bigint + retention_us) * interval '1 microsecond' WHERE ` + held,
+		// forget_at moves only for a completion after the lease's end.
 		complete: `UPDATE ` + table + ` SET state = 3, completed_at = now(), output = $4,
-			forget_at = now() + retention_us * interval '1 microsecond', ` + clearWaited + ` WHERE ` + held,
+			forget_at = greatest(forget_at, now() + retention_us * interval '1 microsecond'), ` + clearWaited + ` WHERE ` + held,
 		release: `UPDATE ` + table + ` SET state = 2,
 			forget_at = now() + retention_us * interval '1 microsecond', ` + clearWaited + ` WHERE ` + held,
-		inspect: `SELECT ` + recordColumns + ` FROM ` + table + ` WHERE key = $1 AND ` + live + `(forget_at)`,
+		inspect: `SELECT ` + recordColumns + ` FROM ` + table + ` WHERE key = $1 AND ` + live + `(` + until + `)`,
 		list: `SELECT ` + recordColumns + ` FROM ` + table + `
-			WHERE forget_at > now() AND key > $1 AND key >= $2 AND ($3::bytea IS NULL OR key < $3) AND ` + stateFilter + `
+			WHERE ` + until + ` > now() AND key > $1 AND key >= $2 AND ($3::bytea IS NULL OR key < $3) AND ` + stateFilter + `
 			ORDER BY key LIMIT $5`,
 		count: `SELECT count(*) FILTER (WHERE state = 1 AND lease_expires_at > now()),
 				count(*) FILTER (WHERE state = 1 AND lease_expires_at <= now()),
 				count(*) FILTER (WHERE state = 2), count(*) FILTER (WHERE state = 3)
-			FROM ` + table + ` WHERE forget_at > now() AND key >= $1 AND ($2::bytea IS NULL OR key < $2)`,
+			FROM ` + table + ` WHERE ` + until + ` > now() AND key >= $1 AND ($2::bytea IS NULL OR key < $2)`,
 		// The function's answer is not needed here, only its cost.
-		delete: `WITH d AS (DELETE FROM ` + table + ` WHERE key = $1 AND ` + live + `(forget_at) IS NOT NULL RETURNING forget_at > now() AS live, ` + notified + `)
+		delete: `WITH d AS (DELETE FROM ` + table + ` WHERE key = $1 AND ` + live + `(` + until + `) IS NOT NULL RETURNING ` + until + ` > now() AS live, ` + notified + `)
 			SELECT count(*) FILTER (WHERE live), count(notified) FROM d`,
 		cleanup: `WITH d AS (DELETE FROM ` + table + ` WHERE key IN (SELECT key FROM ` + table + `
 			WHERE forget_at <= now() ORDER BY forget_at LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING ` + notified + `)
@@ -235,19 +251,20 @@ const migrationLockID = 0x1de_0_7e47
 
 // Migrate creates the schema, the table and its index if they do not
 // exist, adds the waited column (see [Store.Watch]) to a table created
-// before it, and creates the table's acquire function if it does not
-// exist. It is idempotent and safe to call from several instances at
-// once. On a current schema it only reads the catalog, and takes no lock
-// that would wait for, or hold up, the calls of running instances; on a
-// current table whose acquire function is missing (as when a release adds
-// or renames it) it only creates the function, which locks no table.
+// before it, and creates the table's acquire function, or replaces it if
+// its body is not this version's. It is idempotent and safe to call from
+// several instances at once. On a current schema it only reads the
+// catalog, and takes no lock that would wait for, or hold up, the calls
+// of running instances; on a current table whose acquire function is
+// missing or another version's (as when a release adds or changes it) it
+// only creates or replaces the function, which locks no table.
 func (s *Store) Migrate(ctx context.Context) error {
 	// A current table is left alone: ALTER TABLE and CREATE INDEX lock
 	// the table even when IF NOT EXISTS makes them do nothing, and a
 	// deploy that migrates at start-up must not queue behind, and block,
 	// the traffic of the instances already running.
 	var table, functions bool
-	if err := s.pool.QueryRow(ctx, s.sql.current).Scan(&table, &functions); err != nil {
+	if err := s.pool.QueryRow(ctx, s.sql.current, functionBody(s.sql.functions)).Scan(&table, &functions); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	if table && functions {
@@ -274,6 +291,17 @@ func (s *Store) Migrate(ctx context.Context) error {
 	}
 	return nil
 }
+
+// functionBody returns the body of the acquire function that functions
+// (acquire.sql, rendered) creates: what Postgres keeps as its source.
+func functionBody(functions string) string {
+	_, body, _ := strings.Cut(functions, bodyQuote)
+	body, _, _ = strings.Cut(body, bodyQuote)
+	return body
+}
+
+// bodyQuote is the dollar quote around the acquire function's body.
+const bodyQuote = "$acquire$"
 
 // opError wraps a failed call's error, marking with [backends.ErrRejected]
 // the server errors that retrying the call cannot fix.
@@ -442,8 +470,9 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 	return rec, nil
 }
 
-// recordColumns are the columns scanRecord reads, in order.
-const recordColumns = `key, state, owner, token, attempt, lease_expires_at, completed_at, forget_at, fingerprint, output, now()`
+// recordColumns are the columns scanRecord reads, in order; the eighth is
+// when the record stops counting.
+var recordColumns = `key, state, owner, token, attempt, lease_expires_at, completed_at, ` + untilSQL("") + `, fingerprint, output, now()`
 
 // scanRecord reads a row of recordColumns.
 func scanRecord(row pgx.Row) (backends.Record, error) {
@@ -495,9 +524,10 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 }
 
 // Cleanup deletes up to batch records past their retention, oldest first,
-// and returns how many it deleted. Records past their retention already
-// count as absent, so cleanup only reclaims space; it never changes what
-// the store answers. It notifies the watchers of a record it deletes, if
+// and returns how many it deleted; a record completed within its lease
+// once its lease's end plus the retention has passed too. Records past
+// their retention already count as absent, so cleanup only reclaims
+// space; it never changes what the store answers. It notifies the watchers of a record it deletes, if
 // a watch marked it (see [Store.Watch]). Concurrent cleanups skip each
 // other's rows.
 func (s *Store) Cleanup(ctx context.Context, batch int) (int64, error) {

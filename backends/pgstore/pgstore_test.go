@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -122,10 +123,27 @@ func TestMigrateOnCurrentSchemaTakesNoLock(t *testing.T) {
 
 	// A table migrated by an earlier release, which created no acquire
 	// function, gets the function alone: creating it locks no table.
-	_, err = pool.Exec(ctx, `DROP FUNCTION `+pgx.Identifier{s.Options().Schema, s.Options().Table + "_acquire"}.Sanitize())
+	_, err = pool.Exec(ctx, `DROP FUNCTION `+pgstore.AcquireFunction(s))
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(bounded), "Migrate waited for the table's lock to create the acquire function")
 	acquire(t, s, "after-upgrade", "holder")
+
+	// One that an earlier release created, with another body, gets this
+	// version's, again without the table's lock.
+	body := func() (src string) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1)`,
+			pgstore.AcquireFunction(s)+`(bytea,text,bigint,bigint,bytea)`).Scan(&src))
+		return src
+	}
+	var def string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_get_functiondef(to_regprocedure($1))`,
+		pgstore.AcquireFunction(s)+`(bytea,text,bigint,bigint,bytea)`).Scan(&def))
+	_, err = pool.Exec(ctx, strings.Replace(def, "BEGIN", "BEGIN\n    -- an earlier release", 1))
+	require.NoError(t, err)
+	require.NotEqual(t, pgstore.FunctionBody(s), body())
+	require.NoError(t, s.Migrate(bounded), "Migrate waited for the table's lock to replace the acquire function")
+	require.Equal(t, pgstore.FunctionBody(s), body(), "the function has this version's body")
+	acquire(t, s, "after-replace", "holder")
 
 	// A schema that is not current is still migrated, once the lock is
 	// gone.
@@ -137,4 +155,60 @@ func TestMigrateOnCurrentSchemaTakesNoLock(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`,
 		pgx.Identifier{s.Options().Schema, s.Options().Table + "_fa"}.Sanitize()).Scan(&exists))
 	require.True(t, exists, "the index is back")
+}
+
+// A completion within its lease changes no indexed column, so Postgres
+// makes it a HOT update: no new entry in the primary key or the forget_at
+// index. forget_at stays as Acquire set it, a bound past the completion
+// plus the retention; a completion after the lease's end moves it to
+// that time. Counted on the completions' own transaction
+// (pg_stat_xact_user_tables), with CompleteTx.
+func TestCompleteWithinLeaseIsHOT(t *testing.T) {
+	pool := testserver.PostgresPool(t)
+	s := newStore(t, pool, pgstore.Options{})
+	ctx := context.Background()
+	forgetAt := func(key string) (forget, bound time.Time) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, `SELECT forget_at, coalesce(completed_at, now()) + retention_us * interval '1 microsecond' FROM `+table(s)+` WHERE key = $1`,
+			[]byte(key)).Scan(&forget, &bound))
+		return forget, bound
+	}
+	const n = 20
+	leases := make([]backends.Lease, n)
+	before := make([]time.Time, n)
+	for i := range leases {
+		leases[i] = acquire(t, s, fmt.Sprint("hot-", i), "holder").Lease
+		before[i], _ = forgetAt(leases[i].Key)
+	}
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	for _, l := range leases {
+		require.NoError(t, s.CompleteTx(ctx, tx, l, nil))
+	}
+	var updates, hot int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relid = to_regclass($1)`,
+		table(s)).Scan(&updates, &hot))
+	require.Equal(t, n, updates)
+	require.Equal(t, n, hot, "every completion a HOT update")
+	require.NoError(t, tx.Commit(ctx))
+	for i, l := range leases {
+		forget, bound := forgetAt(l.Key)
+		require.True(t, forget.Equal(before[i]), "forget_at as Acquire set it")
+		require.False(t, forget.Before(bound), "forget_at is past the completion plus the retention")
+		rec, err := s.Inspect(ctx, l.Key)
+		require.NoError(t, err)
+		require.Equal(t, backends.StateCompleted, rec.State)
+		require.True(t, rec.ExpiresAt.Equal(bound), "Inspect tells the end of the retention, %v, not forget_at", bound)
+	}
+
+	// After the lease's end (the record not yet forgotten: its retention
+	// is long), the completion moves forget_at to the completion plus the
+	// retention.
+	res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "late", Owner: "holder", LeaseTTL: time.Millisecond, Retention: time.Hour})
+	require.NoError(t, err)
+	time.Sleep(10 * time.Millisecond)
+	require.NoError(t, s.Complete(ctx, res.Lease, nil))
+	forget, bound := forgetAt("late")
+	require.True(t, forget.Equal(bound), "forget_at %v, completion plus retention %v", forget, bound)
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -125,7 +124,7 @@ func TestPlansAfterEmptyTableAnalyzed(t *testing.T) {
 		// transaction, on each path that reads the key's record.
 		tx, err := c.Begin(ctx)
 		require.NoError(t, err)
-		acquire := pgx.Identifier{store.Options().Schema, store.Options().Table + "_acquire"}.Sanitize()
+		acquire := pgstore.AcquireFunction(store)
 		for _, key := range []string{
 			"plans-13",      // completed: only read
 			held.Key,        // another owner's lease: only read

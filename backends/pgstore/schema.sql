@@ -15,7 +15,7 @@ CREATE {{.Unlogged}} TABLE IF NOT EXISTS {{.Table}} (
     lease_expires_at timestamptz NOT NULL,
     retention_us     bigint      NOT NULL,
     completed_at     timestamptz,
-    forget_at        timestamptz NOT NULL,           -- the record counts as absent from then on
+    forget_at        timestamptz NOT NULL,           -- absent from then on; completed, from completed_at + retention
     fingerprint      bytea,
     output           bytea,
     waited           boolean     NOT NULL DEFAULT false -- a watch waits for the key: its next change notifies
