@@ -2,6 +2,12 @@
 schema-qualified name, .Table the table's, .Live the liveness function's;
 .Acquirable and .Reentrant are the conditions on the existing row r, .Until
 the time until which r counts (untilSQL). */ -}}
+{{- define "insert" -}}
+INSERT INTO {{.Table}} AS r
+        (key, state, owner, token, attempt, how, lease_expires_at, retention_us, forget_at, fingerprint)
+    VALUES ($1, 1, $2, 1, 1, 0, now() + $3 * interval '1 microsecond', $4,
+        now() + ($3 + $4) * interval '1 microsecond', $5)
+{{- end}}
 -- Takes the lease on key $1 for owner $2 (lease TTL $3 µs, retention $4 µs,
 -- fingerprint $5), or leaves the record as it is, and returns the record.
 -- Acquire calls it: one statement, whose plan only runs what the key's
@@ -15,10 +21,7 @@ CREATE OR REPLACE FUNCTION {{.Acquire}}(bytea, text, bigint, bigint, bytea)
 BEGIN
     -- A fresh key: one insert, nothing else runs.
     RETURN QUERY
-    INSERT INTO {{.Table}} AS r
-        (key, state, owner, token, attempt, how, lease_expires_at, retention_us, forget_at, fingerprint)
-    VALUES ($1, 1, $2, 1, 1, 0, now() + $3 * interval '1 microsecond', $4,
-        now() + ($3 + $4) * interval '1 microsecond', $5)
+    {{template "insert" .}}
     ON CONFLICT (key) DO NOTHING
     RETURNING r.state, r.owner, r.token, r.attempt, r.how, r.lease_expires_at, r.completed_at, r.fingerprint, r.output, now();
     IF FOUND THEN
@@ -48,10 +51,7 @@ BEGIN
     -- row the call cannot take is returned as it is. A record without a
     -- fingerprint adopts the first one given.
     RETURN QUERY
-    INSERT INTO {{.Table}} AS r
-        (key, state, owner, token, attempt, how, lease_expires_at, retention_us, forget_at, fingerprint)
-    VALUES ($1, 1, $2, 1, 1, 0, now() + $3 * interval '1 microsecond', $4,
-        now() + ($3 + $4) * interval '1 microsecond', $5)
+    {{template "insert" .}}
     ON CONFLICT (key) DO UPDATE SET
         state            = CASE WHEN {{.Acquirable}} THEN 1 ELSE r.state END,
         how              = CASE WHEN NOT ({{.Acquirable}}) THEN r.how
