@@ -115,9 +115,11 @@ func untilSQL(r string) string {
 }
 
 // Whether the existing row r can be taken by the inserting owner, and
-// whether it is that owner's own live lease; used by acquire.sql's upsert.
+// whether it is that owner's own live lease; used by acquire.sql's upsert,
+// with untilR, the time until which r counts.
 var (
-	acquirableSQL = `(` + untilSQL("r.") + ` <= now() OR r.state = 2 OR (r.state = 1 AND (r.owner = excluded.owner OR r.lease_expires_at <= now())))`
+	untilR        = untilSQL("r.")
+	acquirableSQL = `(` + untilR + ` <= now() OR r.state = 2 OR (r.state = 1 AND (r.owner = excluded.owner OR r.lease_expires_at <= now())))`
 	reentrantSQL  = `(r.forget_at > now() AND r.state = 1 AND r.owner = excluded.owner)`
 )
 
@@ -164,7 +166,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		"Index":      pgx.Identifier{opts.Table + indexSuffix}.Sanitize(),
 		"Acquirable": acquirableSQL,
 		"Reentrant":  reentrantSQL,
-		"Until":      untilSQL("r."),
+		"Until":      untilR,
 		"Unlogged":   "",
 	}
 	if opts.Unlogged {

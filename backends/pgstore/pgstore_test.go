@@ -130,14 +130,13 @@ func TestMigrateOnCurrentSchemaTakesNoLock(t *testing.T) {
 
 	// One that an earlier release created, with another body, gets this
 	// version's, again without the table's lock.
+	function := pgstore.AcquireFunction(s) + `(bytea,text,bigint,bigint,bytea)`
 	body := func() (src string) {
-		require.NoError(t, pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1)`,
-			pgstore.AcquireFunction(s)+`(bytea,text,bigint,bigint,bytea)`).Scan(&src))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1)`, function).Scan(&src))
 		return src
 	}
 	var def string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_get_functiondef(to_regprocedure($1))`,
-		pgstore.AcquireFunction(s)+`(bytea,text,bigint,bigint,bytea)`).Scan(&def))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_get_functiondef(to_regprocedure($1))`, function).Scan(&def))
 	_, err = pool.Exec(ctx, strings.Replace(def, "BEGIN", "BEGIN\n    -- an earlier release", 1))
 	require.NoError(t, err)
 	require.NotEqual(t, pgstore.FunctionBody(s), body())
