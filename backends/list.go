@@ -3,6 +3,7 @@ package backends
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // MaxListLimit is the largest page a [Lister] returns.
@@ -58,6 +59,10 @@ type Counts struct {
 	// InProgress, Expired, Released and Completed count the records in
 	// StateInProgress, StateExpired, StateReleased and StateCompleted.
 	InProgress, Expired, Released, Completed int64
+	// OldestInProgress is the Record.AcquiredAt of the records in
+	// StateInProgress that was acquired first, by the store's clock: how
+	// long the oldest live lease has been held. Zero when none is.
+	OldestInProgress time.Time
 }
 
 // Total is the number of records counted.

@@ -23,6 +23,9 @@ const (
 	// MaxOwnerBytes bytes of valid UTF-8 without NUL, so that every store
 	// can keep it as text.
 	MaxOwnerBytes = 255
+	// MaxOriginBytes is the longest origin (AcquireRequest.Origin): 0 to
+	// MaxOriginBytes bytes of valid UTF-8 without NUL, kept as text.
+	MaxOriginBytes = 255
 	// MaxDuration is the longest lease TTL or retention. Stores keep time
 	// in milliseconds or microseconds after their server's now; the bound
 	// keeps every expiry far from overflowing any of them.
@@ -161,6 +164,15 @@ type AcquireRequest struct {
 	// is given for a record and returns it whole in every result, so the
 	// caller can tell a duplicate from a key collision.
 	Fingerprint []byte
+	// Origin optionally names, for operators, what asks for the lease:
+	// at most [MaxOriginBytes] bytes of valid UTF-8 without NUL. When
+	// this call acquires the lease, the store keeps it with the record
+	// (replacing the last holder's) until the next acquisition, so that
+	// [Record.Origin] tells who holds a key in progress, or which
+	// delivery completed it. A re-entrant Acquire keeps the origin it
+	// first gave. The middleware sets it to the message's UUID and the
+	// handler's name: "message_uuid=<uuid> handler=<name>".
+	Origin string
 }
 
 // Status is what Acquire decided.
@@ -275,7 +287,13 @@ type Record struct {
 	Token int64
 	// Attempt counts the acquisitions so far.
 	Attempt int
-	// LeaseExpiresAt is when the current or last lease expires or expired.
+	// AcquiredAt is when the current or last lease was acquired; a
+	// re-entrant Acquire and a renewal keep it. With Origin, it tells how
+	// long a key in progress has been held, and by whom.
+	AcquiredAt time.Time
+	// LeaseExpiresAt is when the current or last lease expires or
+	// expired. For StateCompleted it is CompletedAt: the lease ended with
+	// the completion, on every store.
 	LeaseExpiresAt time.Time
 	// CompletedAt is set for StateCompleted.
 	CompletedAt time.Time
@@ -287,4 +305,7 @@ type Record struct {
 	// Output is the output stored with the completion, if any
 	// ([DecodeOutput] reads it).
 	Output []byte
+	// Origin is the AcquireRequest.Origin of the current or last lease:
+	// for StateCompleted, what completed the key. Empty if none was given.
+	Origin string
 }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/watermill-idempotency/idempotency/backends"
 )
@@ -22,7 +25,7 @@ func (m *Idempotency) acquire(d *delivery) (backends.AcquireResult, time.Time, e
 	defer m.guard.leave()
 	ctx := withDeadline(d.ctx, m.cfg.Timing.StoreTimeout)
 	defer ctx.stop()
-	req := backends.AcquireRequest{Key: d.key, Owner: d.owner, LeaseTTL: m.cfg.LeaseTTL, Retention: m.cfg.Retention, Fingerprint: d.fp}
+	req := backends.AcquireRequest{Key: d.key, Owner: d.owner, LeaseTTL: m.cfg.LeaseTTL, Retention: m.cfg.Retention, Fingerprint: d.fp, Origin: origin(d.ev.MessageUUID, d.ev.Handler)}
 	var last error
 	for {
 		t, err := m.guard.admit(ctx)
@@ -52,4 +55,30 @@ func (m *Idempotency) acquireOnce(ctx context.Context, t ticket, req backends.Ac
 	res, err = m.cfg.Store.Acquire(ctx, req)
 	m.guard.record(t, err)
 	return res, err
+}
+
+// origin names a delivery for the store's record (AcquireRequest.Origin):
+// "message_uuid=<uuid> handler=<name>", each value quoted when it holds a
+// space, a quote or an equals sign, made valid UTF-8 without NUL and cut
+// to backends.MaxOriginBytes.
+func origin(uuid, handler string) string {
+	o := "message_uuid=" + originValue(uuid)
+	if handler != "" {
+		o += " handler=" + originValue(handler)
+	}
+	if len(o) > backends.MaxOriginBytes {
+		o = o[:backends.MaxOriginBytes]
+		for len(o) > 0 && !utf8.ValidString(o) {
+			o = o[:len(o)-1] // a rune cut in two
+		}
+	}
+	return o
+}
+
+func originValue(v string) string {
+	v = strings.ReplaceAll(strings.ToValidUTF8(v, "\uFFFD"), "\x00", "")
+	if v == "" || strings.ContainsAny(v, " \"=") {
+		return strconv.Quote(v)
+	}
+	return v
 }

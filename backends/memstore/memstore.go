@@ -53,12 +53,14 @@ type record struct {
 	owner        string
 	token        int64
 	attempt      int
+	acquiredAt   time.Time
 	leaseExpires time.Time
 	retention    time.Duration
 	completedAt  time.Time
 	forgetAt     time.Time
 	fingerprint  []byte
 	output       []byte
+	origin       string
 }
 
 // New returns an empty store. It returns an error wrapping
@@ -156,6 +158,8 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 		r.token++
 		r.attempt++
 		r.owner = req.Owner
+		r.origin = req.Origin
+		r.acquiredAt = now
 	}
 	r.state = stateLeased
 	r.retention = req.Retention
@@ -257,10 +261,13 @@ func (r *record) export(key string, now time.Time) backends.Record {
 		ExpiresAt:      r.forgetAt,
 		Fingerprint:    bytes.Clone(r.fingerprint),
 		Output:         bytes.Clone(r.output),
+		Origin:         r.origin,
+		AcquiredAt:     r.acquiredAt,
 	}
 	switch {
 	case r.state == stateCompleted:
 		rec.State = backends.StateCompleted
+		rec.LeaseExpiresAt = r.completedAt
 	case r.state == stateReleased:
 		rec.State = backends.StateReleased
 	case now.Before(r.leaseExpires):
@@ -329,7 +336,11 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 	var c backends.Counts
 	for k, r := range s.records {
 		if strings.HasPrefix(k, prefix) && now.Before(r.forgetAt) {
-			storekit.AddCount(&c, r.export(k, now).State)
+			rec := r.export(k, now)
+			storekit.AddCount(&c, rec.State)
+			if rec.State == backends.StateInProgress && (c.OldestInProgress.IsZero() || rec.AcquiredAt.Before(c.OldestInProgress)) {
+				c.OldestInProgress = rec.AcquiredAt
+			}
 		}
 	}
 	return c, nil

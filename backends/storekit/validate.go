@@ -23,6 +23,12 @@ func ValidateAcquire(req backends.AcquireRequest) error {
 	if len(req.Fingerprint) > backends.MaxFingerprintBytes {
 		return fmt.Errorf("%w: fingerprint of %d bytes, the limit is %d", backends.ErrInvalidRequest, len(req.Fingerprint), backends.MaxFingerprintBytes)
 	}
+	switch o := req.Origin; {
+	case len(o) > backends.MaxOriginBytes:
+		return fmt.Errorf("%w: origin of %d bytes, the limit is %d", backends.ErrInvalidRequest, len(o), backends.MaxOriginBytes)
+	case !utf8.ValidString(o) || strings.IndexByte(o, 0) >= 0:
+		return fmt.Errorf("%w: origin %q is not UTF-8 text without NUL", backends.ErrInvalidRequest, o)
+	}
 	return ValidateRetention(req.Retention)
 }
 

@@ -241,5 +241,5 @@ func testCount(t *testing.T, s *suite, l backends.Lister) {
 		Expired:    int64(len(byState[backends.StateExpired])),
 		Released:   int64(len(byState[backends.StateReleased])),
 		Completed:  int64(len(byState[backends.StateCompleted])),
-	}, c)
+	}, backends.Counts{InProgress: c.InProgress, Expired: c.Expired, Released: c.Released, Completed: c.Completed})
 }
