@@ -67,7 +67,11 @@ type Config struct {
 
 	// Retention is how long a completed key is remembered, so duplicates
 	// arriving within it are dropped. Released and expired records are kept
-	// as long, so fencing tokens keep counting up. Defaults to 24 hours.
+	// as long, so fencing tokens keep counting up. At least LeaseTTL: a
+	// broker redelivers a copy about a lease TTL (its redelivery delay)
+	// after the original, so a shorter retention forgets the key before
+	// its duplicates arrive (a Retention of 24, meant as hours, is 24 ns).
+	// Defaults to 24 hours.
 	Retention time.Duration
 
 	// Timing holds every wait, timeout and pause: how long a delivery
@@ -217,6 +221,7 @@ func (c Config) validate() error {
 	}
 	check(c.LeaseTTL >= MinLeaseTTL, "LeaseTTL must be at least %v, got %v", MinLeaseTTL, c.LeaseTTL)
 	check(c.Retention > 0, "Retention must be positive, got %v", c.Retention)
+	check(c.Retention <= 0 || c.Retention >= c.LeaseTTL, "Retention (%v) must be at least LeaseTTL (%v): a duplicate can arrive a lease TTL after the completion (the broker's redelivery delay), and must still find the key", c.Retention, c.LeaseTTL)
 	check(c.LeaseTTL <= backends.MaxDuration, "LeaseTTL must be at most %v, got %v", backends.MaxDuration, c.LeaseTTL)
 	check(c.Retention <= backends.MaxDuration, "Retention must be at most %v, got %v", backends.MaxDuration, c.Retention)
 	c.Timing.validate(check)

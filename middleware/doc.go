@@ -106,8 +106,11 @@
 // Bad input never panics and is never dropped silently: [New] returns an
 // error wrapping [ErrInvalidConfig]; a message without a usable key gets a
 // [*KeyError]; a payload that differs from the one its key was first seen
-// with gets [ErrFingerprintMismatch] when [Config.Fingerprint] is set. Route
-// both with Watermill's PoisonQueueWithFilter and [IsPoison]. A store that
+// with gets [ErrFingerprintMismatch] when [Config.Fingerprint] is set. A
+// handler says that its own error will never succeed with [Permanent]: the
+// key is released, and the error is poison too. Route them with Watermill's
+// PoisonQueueWithFilter and [IsPoison]; give [ShouldRetry] to Watermill's
+// Retry so that it does not retry them. A store that
 // cannot be reached nacks the message ([ErrStore]) unless
 // [Config.OnStoreError] says to run it unprotected; an error the store
 // marks as permanent (backends.ErrRejected) does so at once, without

@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -170,4 +171,36 @@ func TestSharedTopicUnderDefaultNamespaceIsReported(t *testing.T) {
 		}
 		logger.mu.Unlock()
 	}
+}
+
+// A burst of failures and then silence: the first line is logged at once,
+// the rest are left out, and when the second ends the last of them is
+// logged with the count of the others, though no other failure follows.
+// Every delivery is accounted for: the lines plus their counts.
+func TestSuppressedLinesAreReportedWhenTheSecondEnds(t *testing.T) {
+	const burst = 7
+	logger := &countingLogger{}
+	m, _ := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
+		c.Key = keyfunc.Metadata("k")
+		c.Logger = logger
+	})
+	h := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	start := time.Now()
+	for i := range burst {
+		_, err := h(newMsg(fmt.Sprintf("no-key-%d", i), "x"))
+		require.ErrorIs(t, err, middleware.ErrInvalidKey)
+	}
+	last := time.Now()
+	require.Equal(t, 1, logger.count("idempotency: key_error"), "one line at once")
+	waitFor(t, "the left-out lines reported", func() bool { return logger.count("idempotency: key_error") == 2 })
+	t.Logf("the burst took %v; its count was logged %v after its last failure, %v after its first line",
+		last.Sub(start), time.Since(last), time.Since(start))
+
+	logger.mu.Lock()
+	defer logger.mu.Unlock()
+	require.Len(t, logger.fields, 2)
+	require.Equal(t, "no-key-0", logger.fields[0]["message_uuid"])
+	require.NotContains(t, logger.fields[0], "suppressed_since_last")
+	require.Equal(t, fmt.Sprintf("no-key-%d", burst-1), logger.fields[1]["message_uuid"], "the last one left out")
+	require.Equal(t, burst-2, logger.fields[1]["suppressed_since_last"], "and the others counted")
 }

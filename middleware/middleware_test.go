@@ -561,6 +561,8 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		"negative lease":        {Store: store, LeaseTTL: -time.Second},
 		"lease too short":       {Store: store, LeaseTTL: time.Millisecond},
 		"negative retention":    {Store: store, Retention: -time.Hour},
+		"retention of 24 ns":    {Store: store, Retention: 24},
+		"retention below lease": {Store: store, LeaseTTL: time.Minute, Retention: time.Minute - time.Millisecond},
 		"negative poll":         {Store: store, Timing: middleware.Timing{Poll: middleware.Backoff{Initial: -1}}},
 		"max poll below poll":   {Store: store, Timing: middleware.Timing{Poll: middleware.Backoff{Initial: time.Second, Max: time.Millisecond}}},
 		"negative timeout":      {Store: store, Timing: middleware.Timing{StoreTimeout: -1}},
@@ -590,6 +592,10 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 	require.ErrorContains(t, err, "Store is a nil *memstore.Store")
 	_, err = middleware.New(middleware.Config{Store: store, Retention: math.MaxInt64})
 	require.ErrorContains(t, err, "Retention must be at most 876000h0m0s")
+	_, err = middleware.New(middleware.Config{Store: store, Retention: 24})
+	require.ErrorContains(t, err, "Retention (24ns) must be at least LeaseTTL (30s)")
+	_, err = middleware.New(middleware.Config{Store: store, LeaseTTL: time.Minute, Retention: time.Minute})
+	require.NoError(t, err, "a retention as long as the lease")
 
 	// The largest values allowed work.
 	_, err = middleware.New(middleware.Config{Store: store, LeaseTTL: backends.MaxDuration, Retention: backends.MaxDuration,

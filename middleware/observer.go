@@ -55,6 +55,11 @@ const (
 	// closing) before the middleware could take a lease or see the key's
 	// holder finish; the handler did not run and the message is nacked.
 	OutcomeCanceled
+	// OutcomeHandlerFailedPermanently: the handler returned an error made
+	// with [Permanent]: the message can never succeed. The lease was
+	// released, not completed, so that a fixed deploy can process the key;
+	// the message is nacked with that error, which [IsPoison] recognises.
+	OutcomeHandlerFailedPermanently
 
 	numOutcomes = iota
 )
@@ -72,6 +77,8 @@ var outcomeNames = [numOutcomes + 1]string{
 	OutcomeStoreError:           "store_error",
 	OutcomeUnprotected:          "unprotected",
 	OutcomeCanceled:             "canceled",
+
+	OutcomeHandlerFailedPermanently: "handler_failed_permanently",
 }
 
 // Outcomes lists every outcome, in order.
@@ -134,6 +141,7 @@ type Event struct {
 	Err error
 	// HandlerErr is the error the handler returned, if it ran and failed
 	// (a panic is an error saying so). It is set for OutcomeHandlerFailed,
+	// OutcomeHandlerFailedPermanently,
 	// for OutcomeUnprotected when the unprotected handler failed, and for
 	// OutcomeLeaseLost when the handler failed after its lease was lost.
 	HandlerErr error

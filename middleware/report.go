@@ -64,39 +64,69 @@ func (m *Idempotency) log(d *delivery) {
 	case OutcomeDuplicate, OutcomeInProgress, OutcomeCanceled:
 		m.cfg.Logger.Debug("idempotency: "+o.String(), f)
 	default:
-		if m.logs.allow(o, time.Now(), f) {
+		if m.logs.allow(o, time.Now(), d.ev.Err, f, m.cfg.Logger) {
 			m.cfg.Logger.Error("idempotency: "+o.String(), d.ev.Err, f)
 		}
 	}
 }
 
-// logLimit lets through at most one error line per outcome per second; a
-// line after suppressed ones carries their count, so that a flood of
-// failures (a store down, a stream of messages without a key) is visible
-// without one line per delivery.
+// logLimit lets through at most one error line per outcome per second.
+// The lines it leaves out are not lost: when the second ends, the last of
+// them is logged with the count of the others as suppressed_since_last,
+// so that a burst of failures is reported within a second of its first
+// line even if nothing follows, and a flood (a store down, a stream of
+// messages without a key) logs one line a second. Every delivery is
+// accounted for: the lines logged plus their suppressed_since_last.
 type logLimit struct {
 	mu    sync.Mutex
 	state [numOutcomes + 1]struct {
 		last       time.Time
-		suppressed int
+		suppressed int // left out since last, the newest kept below
+		err        error
+		fields     watermill.LogFields
+		pending    bool // a flush is scheduled
 	}
 }
 
 const logInterval = time.Second
 
-// allow reports whether a line for outcome o may be logged now and adds
-// the count of the lines suppressed since the last one to f.
-func (l *logLimit) allow(o Outcome, now time.Time, f watermill.LogFields) bool {
+// allow reports whether a line for outcome o may be logged now. If not,
+// it keeps the line (err and f) and makes sure it is logged to logger,
+// with the count of the others left out, when the interval ends.
+func (l *logLimit) allow(o Outcome, now time.Time, err error, f watermill.LogFields, logger watermill.LoggerAdapter) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st := &l.state[o]
 	if !st.last.IsZero() && now.Sub(st.last) < logInterval {
 		st.suppressed++
+		st.err, st.fields = err, f
+		if !st.pending {
+			st.pending = true
+			time.AfterFunc(st.last.Add(logInterval).Sub(now), func() { l.flush(o, logger) })
+		}
 		return false
 	}
-	if st.suppressed > 0 {
-		f["suppressed_since_last"] = st.suppressed
-	}
-	st.last, st.suppressed = now, 0
+	st.last = now
 	return true
+}
+
+// flush logs the newest line left out for o, if any, with the count of
+// the others.
+func (l *logLimit) flush(o Outcome, logger watermill.LoggerAdapter) {
+	l.mu.Lock()
+	st := &l.state[o]
+	st.pending = false
+	n, err, f := st.suppressed, st.err, st.fields
+	st.suppressed, st.err, st.fields = 0, nil, nil
+	if n > 0 {
+		st.last = time.Now()
+	}
+	l.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	if n > 1 {
+		f["suppressed_since_last"] = n - 1
+	}
+	logger.Error("idempotency: "+o.String(), err, f)
 }

@@ -65,6 +65,9 @@ func (m *Idempotency) run(d *delivery, h message.HandlerFunc, lease backends.Lea
 	}
 	if err != nil {
 		m.release(d, k, lease)
+		if errors.Is(err, ErrPermanent) {
+			return m.finish(d, OutcomeHandlerFailedPermanently, nil, err)
+		}
 		return m.finish(d, OutcomeHandlerFailed, nil, err)
 	}
 	encoded := backends.EncodeOutput(out)

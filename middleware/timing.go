@@ -86,7 +86,7 @@ type Timing struct {
 
 	// PoisonBackoff spaces the returns of a message that fails for good
 	// ([IsPoison]: no usable key, a fingerprint mismatch, an output too
-	// large to store): its first failure is nacked at once, so that a
+	// large to store, a [Permanent] handler error): its first failure is nacked at once, so that a
 	// poison queue takes it without delay; the n-th time the same message
 	// (by UUID) fails so again, its nack waits PoisonBackoff.Pause(n-1),
 	// jittered: 100 ms, 200 ms, 400 ms …

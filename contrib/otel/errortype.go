@@ -40,6 +40,9 @@ const (
 	ErrorOutputTooLarge = "output_too_large"
 	// ErrorCorruptOutput: the stored output could not be decoded.
 	ErrorCorruptOutput = "corrupt_output"
+	// ErrorPermanent: the handler said the message can never succeed
+	// (middleware.Permanent, matching middleware.ErrPermanent).
+	ErrorPermanent = "permanent"
 	// ErrorOther is every other error: OpenTelemetry's fallback value.
 	ErrorOther = "_OTHER"
 )
@@ -72,6 +75,8 @@ func ErrorType(err error) string {
 		return ErrorOutputTooLarge
 	case errors.Is(err, backends.ErrCorruptOutput):
 		return ErrorCorruptOutput
+	case errors.Is(err, idempotency.ErrPermanent):
+		return ErrorPermanent
 	}
 	return ErrorOther
 }

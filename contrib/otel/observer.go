@@ -135,7 +135,7 @@ func NewObserver(cfg Config) (*Observer, error) {
 func ranHandler(o idempotency.Outcome) bool {
 	switch o {
 	case idempotency.OutcomeProcessed, idempotency.OutcomeProcessedNotRecorded, idempotency.OutcomeHandlerFailed,
-		idempotency.OutcomeLeaseLost, idempotency.OutcomeOutputTooLarge, idempotency.OutcomeUnprotected:
+		idempotency.OutcomeHandlerFailedPermanently, idempotency.OutcomeLeaseLost, idempotency.OutcomeOutputTooLarge, idempotency.OutcomeUnprotected:
 		return true
 	}
 	return false
@@ -168,7 +168,8 @@ func (o *Observer) Observe(ctx context.Context, ev idempotency.Event) {
 }
 
 func (o *Observer) classify(ev idempotency.Event) string {
-	if o.errorType != nil && (ev.Outcome == idempotency.OutcomeHandlerFailed || ev.Outcome == idempotency.OutcomeUnprotected) {
+	if o.errorType != nil && (ev.Outcome == idempotency.OutcomeHandlerFailed ||
+		ev.Outcome == idempotency.OutcomeHandlerFailedPermanently || ev.Outcome == idempotency.OutcomeUnprotected) {
 		if t := o.errorType(ev.Err); t != "" {
 			return t
 		}

@@ -1,6 +1,8 @@
 package docs
 
 import (
+	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -27,13 +29,34 @@ func chain(router *message.Router, pub message.Publisher, idem *idempotency.Idem
 	if err != nil {
 		return err
 	}
-	retry := middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond}
+	// Retries every handler error but one that can never succeed
+	// (idempotency.Permanent, and the rest of IsPoison).
+	retry := middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond, ShouldRetry: idempotency.ShouldRetry}
 
 	router.AddMiddleware(
-		poisonQueue,      // outermost: sees *KeyError, ErrFingerprintMismatch, ErrOutputTooLarge
+		poisonQueue,      // outermost: sees *KeyError, ErrFingerprintMismatch, ErrOutputTooLarge, Permanent errors
 		idem.Middleware,  // one lease for the whole delivery, retries included
 		retry.Middleware, // retries the handler within that lease
 	)
 	// end snippet
 	return nil
+}
+
+var _ = handler
+
+type order struct {
+	ID string `json:"order_id"`
+}
+
+func charge(*message.Message, order) error { return nil }
+
+func handler(msg *message.Message) error {
+	// snippet:permanent
+	var o order
+	if err := json.Unmarshal(msg.Payload, &o); err != nil {
+		// No redelivery will parse it: to the poison queue, once.
+		return idempotency.Permanent(fmt.Errorf("order %s: %w", msg.UUID, err))
+	}
+	return charge(msg, o) // any other error is retried
+	// end snippet
 }
