@@ -375,10 +375,14 @@ func testAtMostOneHolder(t *testing.T, s *suite) {
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
+			var retries retrier
 			for i := range rounds {
 				k := (w + i) % keys
 				key := s.key(fmt.Sprint(k))
 				res, err := s.Store.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: long})
+				if retries.retry(err) {
+					continue
+				}
 				if err != nil {
 					t.Error(err)
 					return
