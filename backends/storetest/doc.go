@@ -18,6 +18,13 @@
 // margin sets [Fixture.Skew]: the suite then waits that much longer
 // before it expects a lease expired or a record forgotten.
 //
+// A sleep only ever runs late, and a loaded machine can pause the suite
+// anywhere, so the suite counts on no call being quick: it expects a lease
+// or a record gone only after waiting at least its time, and checks that
+// one is still there only when it measured that less than its time can
+// have passed since the call that started it; a check a pause left unable
+// to tell is made again, on a new key, up to five times.
+//
 // # Isolation
 //
 // Every test builds its keys from its own name and a random suffix, and the

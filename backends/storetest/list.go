@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -168,14 +169,16 @@ func testListWhileRecordsChange(t *testing.T, s *suite, l backends.Lister) {
 	var changeErr error
 	var mu sync.Mutex
 	wg.Go(func() {
-		c := ctx(t)
-		// At most 2000 changes, paced, so that the pages can end.
+		// At most 2000 changes, paced, so that the pages can end; each
+		// change bounded on its own, as a loaded machine can stretch them
+		// all past any one call's bound.
 		for i := range 2000 {
 			select {
 			case <-stop:
 				return
 			case <-time.After(100 * time.Microsecond):
 			}
+			c, cancel := context.WithTimeout(context.Background(), callTimeout)
 			var err error
 			switch l := leases[i%existing]; i % 4 {
 			case 0:
@@ -189,6 +192,7 @@ func testListWhileRecordsChange(t *testing.T, s *suite, l backends.Lister) {
 					err = s.Store.Delete(c, added)
 				}
 			}
+			cancel()
 			if err != nil && !errors.Is(err, backends.ErrLeaseLost) {
 				mu.Lock()
 				changeErr = err

@@ -22,7 +22,9 @@ import (
 // Run fails the test if a winner holds a token not above every earlier
 // one's, if two holders of a key overlap, or if the sink refuses a holder,
 // while that holder is within its lease: only a holder that paused past
-// its lease (which a loaded machine can make happen) may meet another.
+// its lease (which a loaded machine can make happen) may meet another. It
+// fails the test, too, on a store error, except that a racer retries an
+// Acquire that failed as a store may under contention (see retrier).
 type Race struct {
 	// Racers is how many goroutines race, Keys how many keys they race
 	// for, and Wins how many acquisitions the race runs to.
@@ -41,6 +43,7 @@ func (r Race) Run(t *testing.T) {
 	var (
 		holders                   = make([]atomic.Int32, r.Keys)
 		overlaps, takeovers, late atomic.Int64
+		retried                   atomic.Int64
 		won                       atomic.Int64
 		mu                        sync.Mutex
 		lastToken                 = make([]int64, r.Keys)
@@ -55,6 +58,7 @@ func (r Race) Run(t *testing.T) {
 	for racer := range r.Racers {
 		s := r.Store(t, racer)
 		wg.Go(func() {
+			var retries retrier
 			for i := 0; won.Load() < int64(r.Wins); i++ {
 				k := (racer + i) % r.Keys
 				key := fmt.Sprintf("race:%d", k)
@@ -62,6 +66,10 @@ func (r Race) Run(t *testing.T) {
 				res, err := s.Acquire(context.Background(), backends.AcquireRequest{
 					Key: key, Owner: fmt.Sprintf("racer-%d-%d", racer, i), LeaseTTL: r.LeaseTTL, Retention: time.Hour,
 				})
+				if retries.retry(err) {
+					retried.Add(1)
+					continue
+				}
 				if fail(err) {
 					return
 				}
@@ -113,6 +121,30 @@ func (r Race) Run(t *testing.T) {
 	if takeovers.Load() == 0 {
 		t.Error("no lease was taken over")
 	}
-	t.Logf("%d acquisitions by %d racers on %d keys, %d of them takeovers; %d releases came after the lease, %d stale writes refused",
-		won.Load(), r.Racers, r.Keys, takeovers.Load(), late.Load(), refused)
+	t.Logf("%d acquisitions by %d racers on %d keys, %d of them takeovers; %d releases came after the lease, %d stale writes refused, %d failed acquisitions retried",
+		won.Load(), r.Racers, r.Keys, takeovers.Load(), late.Load(), refused, retried.Load())
+}
+
+// maxErrorsInARow is how many failed Acquire calls in a row a retrier
+// retries.
+const maxErrorsInARow = 5
+
+// retrier decides, for a caller racing others for the same keys, whether
+// to retry a failed Acquire. A store may give up on a key that other
+// callers keep taking and releasing under its writes (dynamostore does,
+// after a bounded number of writes, sooner where round trips are slow, as
+// on a loaded machine), with an error its caller retries, as the
+// middleware retries every error not marked [backends.ErrRejected]. So
+// does a retrier, but not the maxErrorsInARow-th error in a row: a store
+// that keeps failing fails the test.
+type retrier struct{ inARow int }
+
+// retry reports whether to retry after an Acquire that returned err.
+func (r *retrier) retry(err error) bool {
+	if err == nil {
+		r.inARow = 0
+		return false
+	}
+	r.inARow++
+	return !errors.Is(err, backends.ErrRejected) && r.inARow < maxErrorsInARow
 }

@@ -84,12 +84,14 @@ func Run(t *testing.T, newFixture func(t *testing.T) Fixture) {
 
 type suite struct {
 	Fixture
-	prefix string
-	owners atomic.Int64
+	prefix   string
+	owners   atomic.Int64
+	advanced atomic.Int64 // how far sleep has moved the fixture's clock, in ns
 }
 
-// long is a lease TTL that never runs out during a test.
-const long = time.Minute
+// long is a lease TTL (and a retention) that never runs out during a
+// test: a loaded machine has stretched a listing test past half a minute.
+const long = time.Hour
 
 func uniquePrefix(t *testing.T) string {
 	b := make([]byte, 6)
@@ -118,16 +120,70 @@ func (s *suite) waitPast(ticks float64) {
 
 func (s *suite) sleep(d time.Duration) {
 	if s.Advance != nil {
+		s.advanced.Add(int64(d))
 		s.Advance(d)
 		return
 	}
 	time.Sleep(d)
 }
 
+// stopwatch measures time on the suite's clock: the fixture's, where the
+// suite moves it, the monotonic clock otherwise. Started before one store
+// call and read after a later one, it shows at least as much time as the
+// store can have seen pass between the two, wherever within each call it
+// took the time (its server's clock, or its caller's before the round
+// trip).
+type stopwatch struct {
+	s        *suite
+	start    time.Time
+	advanced int64
+}
+
+func (s *suite) stopwatch() stopwatch {
+	return stopwatch{s: s, start: time.Now(), advanced: s.advanced.Load()}
+}
+
+// late reports whether d may have passed by the store's clock since w
+// started: then a lease or retention of d started within the first call
+// may have run out by the second, rightly. The suite sleeps at least as
+// long as it asks but can be paused anywhere for any time on a loaded
+// machine, so a check that a lease or record is still there counts only
+// when it was not late.
+func (w stopwatch) late(d time.Duration) bool {
+	elapsed := time.Since(w.start)
+	if w.s.Advance != nil {
+		elapsed = time.Duration(w.s.advanced.Load() - w.advanced)
+	}
+	return elapsed+pastResolution >= d
+}
+
+// attempts bounds how many times untilInTime tries a check.
+const attempts = 5
+
+// untilInTime runs try, each time with a key of its own, until try
+// returns false: its check was made. try returns true when its check
+// could not be made because the suite ran late (stopwatch.late); five
+// late runs in a row fail the test.
+func (s *suite) untilInTime(t *testing.T, try func(key string) (late bool)) (key string) {
+	t.Helper()
+	for i := 1; ; i++ {
+		key = s.key(fmt.Sprint("k", i))
+		if !try(key) {
+			return key
+		}
+		require.Less(t, i, attempts, "each of %d tries ran too late for the check to tell", attempts)
+		t.Logf("try %d ran too late for the check to tell; trying again", i)
+	}
+}
+
 func (s *suite) ticks(n float64) time.Duration { return time.Duration(n * float64(s.Tick)) }
 
+// callTimeout bounds a store call of the suite: far above any store's
+// round trip, so that only a call that hangs fails it.
+const callTimeout = 30 * time.Second
+
 func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	c, cancel := context.WithTimeout(context.Background(), callTimeout)
 	t.Cleanup(cancel)
 	return c
 }
@@ -215,14 +271,20 @@ func testAcquireFreshKey(t *testing.T, s *suite) {
 }
 
 func testInProgressForOthers(t *testing.T, s *suite) {
-	key := s.key("k")
 	ttl := s.ticks(100)
-	s.mustAcquire(t, key, s.owner(), ttl)
-	res := s.acquire(t, key, s.owner(), ttl)
-	require.Equal(t, backends.InProgress, res.Status)
-	require.Positive(t, res.Remaining)
-	require.LessOrEqual(t, res.Remaining, ttl+s.Skew)
-	require.Zero(t, res.Lease, "an in-progress result carries no lease")
+	s.untilInTime(t, func(key string) bool {
+		w := s.stopwatch()
+		s.mustAcquire(t, key, s.owner(), ttl)
+		res := s.acquire(t, key, s.owner(), ttl)
+		if (res.Status != backends.InProgress || res.Remaining <= 0) && w.late(ttl) {
+			return true
+		}
+		require.Equal(t, backends.InProgress, res.Status)
+		require.Positive(t, res.Remaining)
+		require.LessOrEqual(t, res.Remaining, ttl+s.Skew)
+		require.Zero(t, res.Lease, "an in-progress result carries no lease")
+		return false
+	})
 }
 
 // acquireAtOnce acquires every key in keys (repeats allowed), each from its
@@ -313,10 +375,14 @@ func testAtMostOneHolder(t *testing.T, s *suite) {
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
+			var retries retrier
 			for i := range rounds {
 				k := (w + i) % keys
 				key := s.key(fmt.Sprint(k))
 				res, err := s.Store.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: long})
+				if retries.retry(err) {
+					continue
+				}
 				if err != nil {
 					t.Error(err)
 					return
@@ -491,19 +557,28 @@ func testCompletedWithOutput(t *testing.T, s *suite) {
 // testCompletedUntilRetentionEnds checks that a completed record is kept
 // for the retention given at Acquire, counted from the completion.
 func testCompletedUntilRetentionEnds(t *testing.T, s *suite) {
-	key := s.key("k")
-	first, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: s.ticks(20)})
-	require.NoError(t, err)
-	require.Equal(t, backends.Acquired, first.Status)
-	// The retention runs from the completion: 16 + 6 ticks after the
-	// acquisition the record is still there, though 22 > 20. A late wait
-	// before the completion only proves more; after it, 14 ticks spare.
-	s.wait(16)
-	require.NoError(t, s.Store.Complete(ctx(t), first.Lease, []byte("out")))
-	s.wait(6)
-	require.Equal(t, backends.Completed, s.acquire(t, key, s.owner(), long).Status, "kept for the retention after completion")
+	retention := s.ticks(20)
+	key := s.untilInTime(t, func(key string) bool {
+		first, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: retention})
+		require.NoError(t, err)
+		require.Equal(t, backends.Acquired, first.Status)
+		// The retention runs from the completion: 16 + 6 ticks after the
+		// acquisition the record is still there, though 22 > 20. A late
+		// wait before the completion only proves more; a pause from the
+		// completion to the check as long as the retention proves nothing.
+		s.wait(16)
+		w := s.stopwatch()
+		require.NoError(t, s.Store.Complete(ctx(t), first.Lease, []byte("out")))
+		s.wait(6)
+		status := s.acquire(t, key, s.owner(), long).Status
+		if status != backends.Completed && w.late(retention) {
+			return true
+		}
+		require.Equal(t, backends.Completed, status, "kept for the retention after completion")
+		return false
+	})
 	s.waitPast(16)
-	_, err = s.Store.Inspect(ctx(t), key)
+	_, err := s.Store.Inspect(ctx(t), key)
 	require.ErrorIs(t, err, backends.ErrNotFound, "a completed record past its retention is gone")
 	res := s.acquire(t, key, s.owner(), long)
 	require.Equal(t, backends.Acquired, res.Status)
@@ -512,15 +587,23 @@ func testCompletedUntilRetentionEnds(t *testing.T, s *suite) {
 }
 
 func testReleasedRecordKept(t *testing.T, s *suite) {
-	key := s.key("k")
-	res, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: s.ticks(10)})
-	require.NoError(t, err)
-	require.NoError(t, s.Store.Release(ctx(t), res.Lease))
-	rec := s.inspect(t, key)
-	require.Equal(t, backends.StateReleased, rec.State)
-	require.Equal(t, res.Lease.Token, rec.Token, "the released record keeps its token")
+	retention := s.ticks(10)
+	key := s.untilInTime(t, func(key string) bool {
+		res, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: retention})
+		require.NoError(t, err)
+		w := s.stopwatch()
+		require.NoError(t, s.Store.Release(ctx(t), res.Lease))
+		rec, err := s.Store.Inspect(ctx(t), key)
+		if (err != nil || rec.State != backends.StateReleased) && w.late(retention) {
+			return true
+		}
+		require.NoError(t, err)
+		require.Equal(t, backends.StateReleased, rec.State)
+		require.Equal(t, res.Lease.Token, rec.Token, "the released record keeps its token")
+		return false
+	})
 	s.waitPast(10)
-	_, err = s.Store.Inspect(ctx(t), key)
+	_, err := s.Store.Inspect(ctx(t), key)
 	require.ErrorIs(t, err, backends.ErrNotFound, "a released record past its retention is gone")
 }
 
@@ -554,15 +637,24 @@ func testFingerprint(t *testing.T, s *suite) {
 }
 
 func testRenewExtends(t *testing.T, s *suite) {
-	key := s.key("k")
-	l := s.mustAcquire(t, key, s.owner(), s.ticks(3))
-	s.wait(2)
-	require.NoError(t, s.Store.Renew(ctx(t), l, s.ticks(30)))
-	s.wait(2) // four ticks after acquire: past the original lease
-	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.InProgress, res.Status)
-	require.Greater(t, res.Remaining, s.ticks(3), "the renewed lease outlasts the original one")
-	require.Equal(t, backends.StateInProgress, s.inspect(t, key).State)
+	var l backends.Lease
+	key := s.untilInTime(t, func(key string) bool {
+		l = s.mustAcquire(t, key, s.owner(), s.ticks(3))
+		s.wait(2)
+		w := s.stopwatch()
+		require.NoError(t, s.Store.Renew(ctx(t), l, s.ticks(30)))
+		s.wait(2) // four ticks after acquire: past the original lease
+		res := s.acquire(t, key, s.owner(), long)
+		rec := s.inspect(t, key)
+		// More than 3 of the 30 ticks left: fewer than 27 passed.
+		if (res.Status != backends.InProgress || res.Remaining <= s.ticks(3) || rec.State != backends.StateInProgress) && w.late(s.ticks(27)) {
+			return true
+		}
+		require.Equal(t, backends.InProgress, res.Status)
+		require.Greater(t, res.Remaining, s.ticks(3), "the renewed lease outlasts the original one")
+		require.Equal(t, backends.StateInProgress, rec.State)
+		return false
+	})
 
 	// Renew can also shorten a lease; the holder decides.
 	require.NoError(t, s.Store.Renew(ctx(t), l, s.ticks(1)))
