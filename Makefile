@@ -48,13 +48,24 @@ example-sqs: bin/testenv ## Run the SQS example against a private goaws (or SQS_
 
 STORE ?= redis
 
-.PHONY: up
-up: ## Run an example and its services with docker compose; fails if its check fails (EXAMPLE=redis, sqs or outbox, STORE=redis, postgres or, for sqs, dynamodb)
-	STORE=$(STORE) docker compose -f examples/$(EXAMPLE)/docker-compose.yml $(if $(filter postgres,$(STORE)),--profile postgres) up --exit-code-from example
+# The examples run with docker compose: Compose v2.20 or later (the
+# `docker compose` plugin; examples/sqs's file has an optional dependency,
+# `required: false`). No engine runs in CI: examples/compose_test.go loads
+# every file and checks these two recipes with `make -n`.
+COMPOSE_FILE = examples/$(EXAMPLE)/docker-compose.yml
 
+.PHONY: up
+up: ## Run an example and its services with docker compose v2.20+; fails if its check fails (EXAMPLE=redis, sqs or outbox; STORE=redis, postgres or, for sqs, dynamodb)
+	@test -f $(COMPOSE_FILE) || { echo "no $(COMPOSE_FILE): EXAMPLE is redis, sqs or outbox"; exit 2; }
+	STORE=$(STORE) docker compose -f $(COMPOSE_FILE) $(if $(filter postgres,$(STORE)),--profile postgres) up --exit-code-from example
+
+# Every profile ('*'), whatever STORE `make up` had: a service of a
+# profile not named here would be left running, and the network it holds
+# would make the next `make up` fail.
 .PHONY: down
-down: ## Stop and remove an example's docker compose services (EXAMPLE=redis, sqs or outbox)
-	docker compose -f examples/$(EXAMPLE)/docker-compose.yml down -v
+down: ## Stop and remove everything `make up` started for an example, whatever its STORE: containers of every profile, network, volumes (EXAMPLE=redis, sqs or outbox)
+	@test -f $(COMPOSE_FILE) || { echo "no $(COMPOSE_FILE): EXAMPLE is redis, sqs or outbox"; exit 2; }
+	docker compose -f $(COMPOSE_FILE) --profile '*' down --volumes --remove-orphans
 
 .PHONY: idem
 idem: ## Build the idem operator command into bin/idem
