@@ -7,10 +7,12 @@ import (
 	"testing"
 )
 
-// Every example program can be copied out of the repository: what it
-// builds from is the published modules and their dependencies, never a
-// package under an internal/ directory of this repository (the test
-// harness of examples/internal, for one), and never the testing package.
+// Every example program can be copied out of the repository: it imports
+// the published modules and their dependencies, never a package under an
+// internal/ directory of this repository (the test harness of
+// examples/internal, for one: a copy could not import it), and it links
+// no testing package. A published package may use its own module's
+// internal packages (contrib/sqloutbox does): a copy builds with them.
 func TestExamplesAreCopyable(t *testing.T) {
 	mains, err := filepath.Glob("*/main.go")
 	if err != nil {
@@ -22,24 +24,34 @@ func TestExamplesAreCopyable(t *testing.T) {
 	for _, m := range mains {
 		pkg := "./" + filepath.Dir(m)
 		t.Run(filepath.Dir(m), func(t *testing.T) {
-			out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", pkg).Output()
+			imports, err := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, pkg).Output()
+			if err != nil {
+				t.Fatalf("go list %s: %v", pkg, err)
+			}
+			deps, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", pkg).Output()
 			if err != nil {
 				t.Fatalf("go list -deps %s: %v", pkg, err)
 			}
-			if bad := notCopyable(strings.Fields(string(out))); len(bad) > 0 {
+			if bad := notCopyable(strings.Fields(string(imports)), strings.Fields(string(deps))); len(bad) > 0 {
 				t.Errorf("%s depends on %v: a copy of it outside the repository would not build, or would link the testing package", pkg, bad)
 			}
 		})
 	}
 }
 
-// notCopyable returns the packages of deps that an example must not use.
-func notCopyable(deps []string) []string {
+// notCopyable returns what an example must not use: an internal package
+// of this repository among its imports, the testing package among its
+// dependencies.
+func notCopyable(imports, deps []string) []string {
 	const repo = "github.com/watermill-idempotency/idempotency"
 	var bad []string
+	for _, d := range imports {
+		if strings.HasPrefix(d, repo+"/") && (strings.Contains(d, "/internal/") || strings.HasSuffix(d, "/internal")) {
+			bad = append(bad, d)
+		}
+	}
 	for _, d := range deps {
-		internal := strings.HasPrefix(d, repo+"/") && (strings.Contains(d, "/internal/") || strings.HasSuffix(d, "/internal"))
-		if internal || d == "testing" {
+		if d == "testing" {
 			bad = append(bad, d)
 		}
 	}
@@ -49,13 +61,16 @@ func notCopyable(deps []string) []string {
 func TestNotCopyable(t *testing.T) {
 	got := notCopyable([]string{
 		"fmt",
-		"testing",
 		"github.com/watermill-idempotency/idempotency/middleware",
 		"github.com/watermill-idempotency/idempotency/examples/internal/story",
 		"github.com/watermill-idempotency/idempotency/internal",
 		"go.opentelemetry.io/otel/internal/global",
+	}, []string{
+		"fmt",
+		"testing",
+		"github.com/watermill-idempotency/idempotency/contrib/sqloutbox/internal/outbox",
 	})
-	want := "[testing github.com/watermill-idempotency/idempotency/examples/internal/story github.com/watermill-idempotency/idempotency/internal]"
+	want := "[github.com/watermill-idempotency/idempotency/examples/internal/story github.com/watermill-idempotency/idempotency/internal testing]"
 	if s := strings.Join(got, " "); "["+s+"]" != want {
 		t.Errorf("notCopyable = [%s], want %s", s, want)
 	}

@@ -1,6 +1,7 @@
 // Package sqloutbox publishes a handler's output messages exactly once,
-// through a transactional outbox, on Postgres (pgstore) and MySQL or
-// MariaDB (mysqlstore).
+// through a transactional outbox, on Postgres (pgstore). Its package
+// mysqloutbox does the same on MySQL or MariaDB (mysqlstore): a package of
+// its own, so that a Postgres-only program links no MySQL driver.
 //
 // Without it, the idempotency middleware stores a handler's produced
 // messages with its key's completion and the router publishes them after
@@ -40,5 +41,6 @@
 //	fwd, err := outbox.NewForwarder(brokerPublisher, logger, forwarder.Config{}) // its own router
 //	go fwd.Run(ctx)
 //
-// [MySQL] does the same with database/sql and a *sql.Tx.
+// On MySQL or MariaDB, mysqloutbox.New does the same with database/sql
+// and a *sql.Tx.
 package sqloutbox

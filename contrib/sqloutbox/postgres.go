@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
+	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox/internal/outbox"
 )
 
 // PgxDB is what a Postgres outbox needs of the database: a *pgxpool.Pool
@@ -24,9 +25,9 @@ type PgxDB interface {
 // own writes, their output messages (in the outbox table) and the
 // completion of their idempotency key.
 type Postgres struct {
-	outbox
-	conn  PgxDB
-	store *pgstore.Store
+	outbox *outbox.Outbox
+	conn   PgxDB
+	store  *pgstore.Store
 }
 
 // NewPostgres returns the outbox of store on db, which must reach the
@@ -35,16 +36,16 @@ func NewPostgres(db PgxDB, store *pgstore.Store, opts Options) (*Postgres, error
 	if db == nil || store == nil {
 		return nil, fmt.Errorf("%w: nil database or store", ErrInvalidOptions)
 	}
-	o, err := opts.withDefaults(wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{})
+	o, err := outbox.New(wsql.BeginnerFromPgx(db), opts.config(), wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{})
 	if err != nil {
 		return nil, err
 	}
-	return &Postgres{outbox: outbox{opts: o, db: wsql.BeginnerFromPgx(db)}, conn: db, store: store}, nil
+	return &Postgres{outbox: o, conn: db, store: store}, nil
 }
 
 // Migrate creates the outbox table and the Forwarder's offsets table if
 // they do not exist. The store's own table is created by its Migrate.
-func (p *Postgres) Migrate(ctx context.Context) error { return p.migrate(ctx) }
+func (p *Postgres) Migrate(ctx context.Context) error { return p.outbox.Migrate(ctx) }
 
 // PgxTx is the transaction a handler made by [Postgres.Handler] runs in:
 // a pgx.Tx whose Commit and Rollback belong to the outbox, with Publish.
@@ -57,7 +58,7 @@ type PgxTx struct {
 // transaction: they reach the broker (through the Forwarder) if and only
 // if the transaction commits. Each keeps its UUID and metadata.
 func (t *PgxTx) Publish(topic string, msgs ...*message.Message) error {
-	return publish(t.pub, topic, msgs)
+	return outbox.Publish(t.pub, topic, msgs)
 }
 
 // Commit returns ErrOwnedTx: the outbox commits the transaction after the
@@ -82,7 +83,7 @@ type PgxHandlerFunc func(tx *PgxTx, msg *message.Message) error
 // without a lease it fails with ErrNoLease.
 func (p *Postgres) Handler(fn PgxHandlerFunc) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) (err error) {
-		l, err := lease(msg)
+		l, err := outbox.Lease(msg)
 		if err != nil {
 			return err
 		}
@@ -98,7 +99,7 @@ func (p *Postgres) Handler(fn PgxHandlerFunc) message.NoPublishHandlerFunc {
 				}
 			}
 		}()
-		pub, err := p.publisher(wsql.TxFromPgx(tx))
+		pub, err := p.outbox.Publisher(wsql.TxFromPgx(tx))
 		if err != nil {
 			return err
 		}
@@ -108,7 +109,7 @@ func (p *Postgres) Handler(fn PgxHandlerFunc) message.NoPublishHandlerFunc {
 		if err := p.store.CompleteTx(ctx, tx, l, nil); err != nil {
 			return err
 		}
-		beforeCommit()
+		outbox.BeforeCommit()
 		if err := tx.Commit(ctx); err != nil {
 			return fmt.Errorf("sqloutbox: commit: %w", err)
 		}
@@ -123,5 +124,5 @@ func (p *Postgres) Handler(fn PgxHandlerFunc) message.NoPublishHandlerFunc {
 // time. Leave cfg's ForwarderTopic and Marshaler unset: the outbox's
 // Options set both.
 func (p *Postgres) NewForwarder(out message.Publisher, logger watermill.LoggerAdapter, cfg forwarder.Config) (*forwarder.Forwarder, error) {
-	return p.newForwarder(out, logger, cfg)
+	return p.outbox.NewForwarder(out, logger, cfg)
 }

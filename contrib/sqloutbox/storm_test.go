@@ -30,6 +30,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox"
+	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox/mysqloutbox"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -210,12 +211,12 @@ func runWorker(ctx context.Context, e stormEnv) error {
 		if err != nil {
 			return err
 		}
-		ob, err := sqloutbox.NewMySQL(db, s, sqloutbox.Options{Topic: e.Topic, PollInterval: 20 * time.Millisecond})
+		ob, err := mysqloutbox.New(db, s, mysqloutbox.Options{Topic: e.Topic, PollInterval: 20 * time.Millisecond})
 		if err != nil {
 			return err
 		}
 		store = s
-		handler = ob.Handler(func(tx *sqloutbox.SQLTx, msg *message.Message) error {
+		handler = ob.Handler(func(tx *mysqloutbox.Tx, msg *message.Message) error {
 			order := msg.Metadata.Get("order")
 			lease, _ := idempotency.LeaseFromContext(msg.Context())
 			if _, err := tx.ExecContext(msg.Context(), `INSERT INTO `+e.Charges+` (order_id, token) VALUES (?, ?)`, order, lease.Token); err != nil {
@@ -689,7 +690,7 @@ func TestStormMariaDB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob, err := sqloutbox.NewMySQL(db, store, sqloutbox.Options{Topic: e.Topic})
+	ob, err := mysqloutbox.New(db, store, mysqloutbox.Options{Topic: e.Topic})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,13 +68,13 @@ type demo struct {
 
 	done chan struct{} // closed once produce has returned
 	// Set by produce, read once done is closed.
-	err       error
-	orders    []string // every order sent
-	published int      // messages sent
-	twice     int      // orders sent twice, each copy on its own partition
-	malformed string   // the UUID of the message without an order id
-	scaleOut  scaleOut
-	second    scraped // the second copy's /metrics, once every message was settled
+	err           error
+	orders        []string // every order sent, once each
+	orderMessages int      // messages sent that carry an order
+	published     int      // messages sent
+	malformed     string   // the UUID of the message without an order id
+	scaleOut      scaleOut
+	second        scraped // the second copy's /metrics, once every message was settled
 }
 
 // scaleOut is what the demo saw of the second copy joining the group while
@@ -193,9 +193,7 @@ func (d *demo) produce(ctx context.Context) (err error) {
 			if _, err := publish(payload, c); err != nil {
 				return err
 			}
-		}
-		if copies > 1 {
-			d.twice++
+			d.orderMessages++
 		}
 		return nil
 	}
@@ -527,10 +525,20 @@ func (d *demo) verdict(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	var obs observations
+	obs := observations{
+		orders: d.orders, orderMessages: d.orderMessages, published: d.published, malformed: d.malformed,
+		scaleOut: d.scaleOut,
+	}
 	var err error
 	if obs.ledger, err = d.ledger.entries(ctx); err != nil {
 		return err
+	}
+	ends, err := d.ends(d.topic)
+	if err != nil {
+		return err
+	}
+	for _, end := range ends {
+		obs.onTopic += int(end)
 	}
 	if obs.poisoned, err = d.poisoned(); err != nil {
 		return err
@@ -540,10 +548,11 @@ func (d *demo) verdict(ctx context.Context) error {
 		return err
 	}
 	obs.metrics = first.plus(d.second)
-	obs.sent = sent{orders: d.orders, twice: d.twice, published: d.published, malformed: d.malformed}
-	obs.scaleOut = d.scaleOut
 
-	fmt.Println("Summary: " + obs.summary())
+	fmt.Println("Summary:")
+	for _, line := range obs.sums() {
+		fmt.Println(line)
+	}
 	if err := obs.check(); err != nil {
 		fmt.Printf("Check FAILED: %v\n", err)
 		return err
@@ -552,18 +561,18 @@ func (d *demo) verdict(ctx context.Context) error {
 	return nil
 }
 
-// sent is what the demo sent.
-type sent struct {
-	orders    []string
-	twice     int
-	published int
-	malformed string
-}
-
-// observations is what the check reads.
+// observations is what the check reads: what the producer sent, and what
+// the ledger, Kafka and the two copies' /metrics hold.
 type observations struct {
-	sent     sent
+	// Sent: the orders (once each), the messages that carry one, every
+	// message, and the UUID of the one without an order id.
+	orders        []string
+	orderMessages int
+	published     int
+	malformed     string
+
 	ledger   map[string]entry
+	onTopic  int      // the orders topic's messages: its partitions' end offsets, added up
 	poisoned []string // the poison topic's message UUIDs
 	metrics  scraped  // both copies' /metrics, added up
 	scaleOut scaleOut
@@ -573,55 +582,150 @@ type observations struct {
 type scraped struct {
 	deliveries map[string]float64 // the middleware's deliveries by outcome
 	waited     float64            // deliveries that waited for the key's holder
-	executions float64            // Watermill's count of handler runs
+	executions float64            // Watermill's count of the router's handler runs: deliveries
+	attempts   map[string]float64 // the handler's charge attempts by result
 }
 
 // plus adds up two copies' /metrics.
 func (s scraped) plus(o scraped) scraped {
-	out := scraped{deliveries: maps.Clone(s.deliveries), waited: s.waited + o.waited, executions: s.executions + o.executions}
-	if out.deliveries == nil {
-		out.deliveries = map[string]float64{}
-	}
-	for k, v := range o.deliveries {
-		out.deliveries[k] += v
+	out := scraped{deliveries: map[string]float64{}, waited: s.waited + o.waited, executions: s.executions + o.executions, attempts: map[string]float64{}}
+	for _, m := range []scraped{s, o} {
+		for k, v := range m.deliveries {
+			out.deliveries[k] += v
+		}
+		for k, v := range m.attempts {
+			out.attempts[k] += v
+		}
 	}
 	return out
 }
 
-func (o observations) summary() string {
-	outcomes := make([]string, 0, len(o.metrics.deliveries))
-	for _, k := range slices.Sorted(maps.Keys(o.metrics.deliveries)) {
-		outcomes = append(outcomes, fmt.Sprintf("%s=%v", k, o.metrics.deliveries[k]))
-	}
-	return fmt.Sprintf("%d messages: %d orders (%d of them sent twice, a copy on each partition), 1 without an order id; "+
-		"/metrics of both copies: deliveries %s, %v waited for a holder, %v handler runs; ledger: %s; poison topic: %s; "+
-		"while the slow order ran: the first copy's group member evicted: %v, the second copy's deliveries that found it held: %d (%d nacked in progress)",
-		o.sent.published, len(o.sent.orders), o.sent.twice, strings.Join(outcomes, " "), o.metrics.waited, o.metrics.executions,
-		count(len(o.ledger), "order"), count(len(o.poisoned), "message"), o.scaleOut.evicted, o.scaleOut.readAgain, o.scaleOut.nacked)
+// sum is a line of the summary: a total and the parts it is made of,
+// each read from where it happened. The check fails unless they add up.
+type sum struct {
+	label string
+	total int
+	of    string
+	parts []part
 }
+
+type part struct {
+	n  int
+	of string
+}
+
+func (s sum) String() string {
+	terms := make([]string, len(s.parts))
+	for i, p := range s.parts {
+		terms[i] = fmt.Sprintf("%d %s", p.n, p.of)
+	}
+	of := ""
+	if s.of != "" {
+		of = " " + s.of
+	}
+	return fmt.Sprintf("  %s: %d%s = %s", s.label, s.total, of, strings.Join(terms, " + "))
+}
+
+func (s sum) check() error {
+	n := 0
+	for _, p := range s.parts {
+		n += p.n
+	}
+	if n != s.total {
+		return fmt.Errorf("%s: %d, but its parts make %d", s.label, s.total, n)
+	}
+	return nil
+}
+
+// charges returns the ledger's charges, the orders it charged, and the
+// charges of an order charged before.
+func (o observations) charges() (total, orders, again int) {
+	for _, e := range o.ledger {
+		total += int(e.Charges)
+		if e.Charges > 0 {
+			orders++
+			again += int(e.Charges) - 1
+		}
+	}
+	return total, orders, again
+}
+
+// outcomes lists the middleware's deliveries by outcome, most first.
+func (o observations) outcomes() []part {
+	var parts []part
+	for _, k := range slices.Sorted(maps.Keys(o.metrics.deliveries)) {
+		parts = append(parts, part{int(o.metrics.deliveries[k]), k})
+	}
+	slices.SortStableFunc(parts, func(a, b part) int { return b.n - a.n })
+	return parts
+}
+
+// sums are the lines of the summary.
+func (o observations) sums() []sum {
+	m := o.metrics
+	charges, charged, again := o.charges()
+	return []sum{
+		{label: "messages on the orders topic (its partitions' end offsets)", total: o.onTopic, parts: []part{
+			{len(o.orders), "orders, a first copy of each"},
+			{o.orderMessages - len(o.orders), "second copies, on the other partition, as a producer's retry sends them"},
+			{o.published - o.orderMessages, "without an order id"}}},
+		{label: "deliveries to the routers of both copies (handler_execution_time_seconds_count)", total: int(m.executions), parts: []part{
+			{o.onTopic, "messages, each delivered once"},
+			{int(m.executions) - o.onTopic, "delivered again: retried in place after a nack, or read again after a rebalance"}}},
+		{label: "the same deliveries by outcome (the middleware's count)", total: int(m.executions), parts: o.outcomes()},
+		{label: "charge attempts (orders_charge_attempts_total)", total: int(m.attempts["charged"] + m.attempts["failed"]), parts: []part{
+			{charges, "charges in the ledger"}, {int(m.attempts["failed"]), "failed"}}},
+		{label: "charges in the ledger", total: charges, parts: []part{
+			{charged, "orders charged"}, {again, "charges of an order charged before"}}},
+		// Kafka may deliver the message without an order id again after a
+		// rebalance, before its offset is committed: each delivery is
+		// forwarded, so the poison topic may hold it more than once.
+		{label: "messages on the poison topic", total: len(o.poisoned), parts: []part{
+			{int(m.deliveries["key_error"]), "key_error: no usable key, forwarded by the poison queue"}}},
+	}
+}
+
+// flakyFailures is how many times the flaky order's payment fails
+// (payments.go).
+const flakyFailures = 3
 
 // check returns every claim that is false.
 func (o observations) check() error {
 	var errs []error
-	for _, id := range o.sent.orders {
+	for _, s := range o.sums() {
+		if err := s.check(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if o.onTopic != o.published {
+		errs = append(errs, fmt.Errorf("the orders topic holds %d messages; %d were sent", o.onTopic, o.published))
+	}
+	for _, id := range o.orders {
 		if n := o.ledger[id].Charges; n != 1 {
 			errs = append(errs, fmt.Errorf("order %s charged %d times", id, n))
 		}
 	}
 	for id := range o.ledger {
-		if !slices.Contains(o.sent.orders, id) {
+		if !slices.Contains(o.orders, id) {
 			errs = append(errs, fmt.Errorf("the ledger charged %s, an order never sent", id))
 		}
 	}
 	m := o.metrics.deliveries
-	if int(m["processed"]) != len(o.sent.orders) {
-		errs = append(errs, fmt.Errorf("/metrics counts %v processed deliveries for %d orders", m["processed"], len(o.sent.orders)))
+	if int(m["processed"]) != len(o.orders) {
+		errs = append(errs, fmt.Errorf("/metrics counts %v processed deliveries for %d orders", m["processed"], len(o.orders)))
 	}
-	if int(m["duplicate"]) < o.sent.twice {
-		errs = append(errs, fmt.Errorf("/metrics counts %v duplicates for %d orders sent twice", m["duplicate"], o.sent.twice))
+	if second := o.orderMessages - len(o.orders); int(m["duplicate"]) < second {
+		errs = append(errs, fmt.Errorf("/metrics counts %v duplicates for %d second copies", m["duplicate"], second))
 	}
-	if m["handler_failed"] < 1 {
-		errs = append(errs, errors.New("the flaky order's payment never failed a delivery"))
+	if int(o.metrics.attempts["failed"]) != flakyFailures || m["handler_failed"] < 1 {
+		errs = append(errs, fmt.Errorf("%v charge attempts failed in %v deliveries; the flaky order's payment fails %d times",
+			o.metrics.attempts["failed"], m["handler_failed"], flakyFailures))
+	}
+	// Every message was acked by one of its deliveries, and a nacked
+	// delivery is not that one: a message nacked n times was delivered
+	// n times more than once.
+	if again, nacked := int(o.metrics.executions)-o.onTopic, int(m["handler_failed"]+m["in_progress"]); again < nacked {
+		errs = append(errs, fmt.Errorf("%d deliveries beyond one per message, for %d nacks", again, nacked))
 	}
 	if m["in_progress"] < 1 {
 		errs = append(errs, errors.New("no copy of an order gave up waiting while the order ran"))
@@ -632,14 +736,8 @@ func (o observations) check() error {
 	if o.scaleOut.readAgain < 1 {
 		errs = append(errs, errors.New("the second copy never read the slow order's messages again while the first copy charged it"))
 	}
-	// Kafka may deliver the message without an order id again after a
-	// rebalance, before its offset is committed: each delivery is
-	// forwarded, so the poison topic may hold it more than once.
-	if len(o.poisoned) == 0 || slices.ContainsFunc(o.poisoned, func(uuid string) bool { return uuid != o.sent.malformed }) {
-		errs = append(errs, fmt.Errorf("the poison topic holds %v, not the message without an order id (%s) alone", o.poisoned, o.sent.malformed))
-	}
-	if int(o.metrics.executions) < o.sent.published {
-		errs = append(errs, fmt.Errorf("/metrics counts %v handler runs for %d messages", o.metrics.executions, o.sent.published))
+	if len(o.poisoned) == 0 || slices.ContainsFunc(o.poisoned, func(uuid string) bool { return uuid != o.malformed }) {
+		errs = append(errs, fmt.Errorf("the poison topic holds %v, not the message without an order id (%s) alone", o.poisoned, o.malformed))
 	}
 	return errors.Join(errs...)
 }
@@ -647,6 +745,7 @@ func (o observations) check() error {
 // claims states what check verified.
 func (o observations) claims() string {
 	m := o.metrics.deliveries
+	second := o.orderMessages - len(o.orders)
 	// Every delivery that found its order held waited for the holder
 	// (the wait histogram counts it), then either saw the order charged
 	// or gave up and was nacked in progress.
@@ -655,14 +754,16 @@ func (o observations) claims() string {
 	if n := len(o.poisoned); n > 1 {
 		poisoned = fmt.Sprintf(" (%s of it: Kafka delivered it %s, and each delivery was forwarded)", count(n, "copy"), count(int(m["key_error"]), "time"))
 	}
-	return fmt.Sprintf("%s charged exactly once each in the ledger, under fencing tokens; %s dropped as duplicates, uncharged; "+
-		"the flaky order charged after %s; "+
+	return fmt.Sprintf("%s charged exactly once each in the ledger, under fencing tokens; "+
+		"the %s and %s of charged orders dropped as duplicates, uncharged; "+
+		"the flaky order charged after %s in %s; "+
 		"while the slow order ran, a second copy of the service joined the consumer group: the first copy, busy charging it, was evicted, "+
 		"and the second read the slow order's messages again from the last committed offsets (%s found the order held and waited, %d of them nacked in progress); "+
 		"in all, %s found %s order held on the other partition or by the other copy and waited "+
 		"(%d of them then nacked in progress and retried in place), none charged again or poisoned; "+
-		"only the message without an order id reached the poison topic%s; /metrics agrees with the ledger.",
-		count(len(o.sent.orders), "order"), count(int(m["duplicate"]), "copy"), count(int(m["handler_failed"]), "failed delivery"),
+		"only the message without an order id reached the poison topic%s; every sum above adds up.",
+		count(len(o.orders), "order"), count(second, "second copy"), count(int(m["duplicate"])-second, "other delivery"),
+		count(int(o.metrics.attempts["failed"]), "failed payment"), count(int(m["handler_failed"]), "failed delivery"),
 		count(o.scaleOut.readAgain, "delivery"), o.scaleOut.nacked,
 		count(inFlight, "delivery"), plural(inFlight, "its", "their"), int(m["in_progress"]), poisoned)
 }
@@ -705,15 +806,16 @@ func scrape(ctx context.Context, url string) (scraped, error) {
 		return scraped{}, fmt.Errorf("scraping %s: %w", url, err)
 	}
 	return scraped{
-		deliveries: sum(families["watermill_idempotency_deliveries_total"], "watermill_idempotency_outcome"),
-		waited:     sum(families["watermill_idempotency_wait_duration_seconds"], "")[""],
-		executions: sum(families["handler_execution_time_seconds"], "")[""],
+		deliveries: sumBy(families["watermill_idempotency_deliveries_total"], "watermill_idempotency_outcome"),
+		waited:     sumBy(families["watermill_idempotency_wait_duration_seconds"], "")[""],
+		executions: sumBy(families["handler_execution_time_seconds"], "")[""],
+		attempts:   sumBy(families["orders_charge_attempts_total"], "result"),
 	}, nil
 }
 
-// sum adds up a counter's samples, or a histogram's counts, by the value
-// of label.
-func sum(f *dto.MetricFamily, label string) map[string]float64 {
+// sumBy adds up a counter's samples, or a histogram's counts, by the
+// value of label.
+func sumBy(f *dto.MetricFamily, label string) map[string]float64 {
 	out := map[string]float64{}
 	for _, m := range f.GetMetric() {
 		value := ""

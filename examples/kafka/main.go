@@ -230,11 +230,15 @@ func run(ctx context.Context, cfg config, withDemo bool) error {
 	)
 
 	// The handler: charges the order, with the lease's fencing token on
-	// the ledger's write.
+	// the ledger's write, and counts its attempts on /metrics.
 	ledgerClient := redis.NewClient(&redis.Options{Addr: cfg.redisAddr, ContextTimeoutEnabled: true})
 	defer ledgerClient.Close()
 	ledger := &ledger{client: ledgerClient, prefix: cfg.prefix + "ledger:"}
 	payments := &fakePayments{}
+	attempts, err := chargeAttempts(registry)
+	if err != nil {
+		return err
+	}
 	chargeOrder := func(msg *message.Message) error {
 		var order order
 		if err := json.Unmarshal(msg.Payload, &order); err != nil {
@@ -245,10 +249,16 @@ func run(ctx context.Context, cfg config, withDemo bool) error {
 			return errors.New("no lease: the idempotency middleware does not run before this handler")
 		}
 		logger.Info("charging", "order", order.ID, "amount_cents", order.AmountCents, "fencing_token", lease.Token)
-		if err := payments.charge(msg.Context(), order); err != nil {
+		err := payments.charge(msg.Context(), order)
+		if err == nil {
+			err = ledger.record(msg.Context(), order, lease.Token)
+		}
+		if err != nil {
+			attempts.WithLabelValues("failed").Inc()
 			return err
 		}
-		return ledger.record(msg.Context(), order, lease.Token)
+		attempts.WithLabelValues("charged").Inc()
+		return nil
 	}
 
 	saramaCfg := kafka.DefaultSaramaSubscriberConfig()
@@ -313,6 +323,19 @@ type order struct {
 	// Simulate asks the stand-in payment provider to misbehave: "slow" or
 	// "flaky" (payments.go). The demo sets it.
 	Simulate string `json:"simulate,omitempty"`
+}
+
+// chargeAttempts registers the handler's counter of its attempts, by
+// result: charged, or failed (the payment or the ledger's write).
+func chargeAttempts(registry *prometheus.Registry) (*prometheus.CounterVec, error) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "orders_charge_attempts_total",
+		Help: "The handler's attempts to charge an order, by result: charged, or failed.",
+	}, []string{"result"})
+	if err := registry.Register(c); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // logDeliveries logs every delivery the middleware did not settle as a

@@ -94,7 +94,8 @@ func TestKafkaExample(t *testing.T) {
 	if code := p.Wait(3 * time.Minute); code != 0 {
 		t.Fatalf("exit status %d", code)
 	}
-	if err := exampletest.EndsWithVerdict(p.Output(), "Check: 22 orders charged exactly once each"); err != nil {
+	summary, err := exampletest.ParseSummary(p.Output(), "Check: 22 orders charged exactly once each")
+	if err != nil {
 		t.Fatal(err)
 	}
 	if n := len(p.Lines(exampletest.MetricsURL)); n != 2 {
@@ -129,6 +130,34 @@ func TestKafkaExample(t *testing.T) {
 		if rec.State != backends.StateCompleted || rec.Token != e.Token {
 			t.Errorf("order %s's lease is %s under token %d; the ledger's charge has token %d", id, rec.State, rec.Token, e.Token)
 		}
+	}
+
+	// The summary's numbers are what the demo sent (the slow order and
+	// every ordinary order twice, the flaky order and a message without
+	// an order id once), what Redis holds, and what the program logged.
+	orders, second := 2+demoOrders, 1+demoOrders
+	messages := orders + second + 1
+	charges, attempts := 0, len(p.Lines(regexp.MustCompile(`msg=charging `)))
+	for _, e := range ledger {
+		charges += int(e.Charges)
+	}
+	e := exampletest.Expect{Summary: summary}
+	e.Total("messages on the orders topic", messages)
+	e.Part("messages on the orders topic", "orders", len(ledger))
+	e.Part("messages on the orders topic", "second copies", second)
+	e.Part("messages on the orders topic", "without an order id", 1)
+	e.Part("deliveries to the routers", "messages", messages)
+	e.Part("the same deliveries by outcome", "processed", len(ledger))
+	e.That(e.Value("the same deliveries by outcome", "key_error") >= 1, "no key_error delivery: the message without an order id's")
+	e.That(e.Value("the same deliveries by outcome", "duplicate") >= second, "fewer duplicates than second copies")
+	e.Total("charge attempts", attempts)
+	e.Part("charge attempts", "charges in the ledger", charges)
+	e.Part("charge attempts", "failed", attempts-charges)
+	e.Total("charges in the ledger", charges)
+	e.Part("charges in the ledger", "orders charged", orders)
+	e.Part("charges in the ledger", "charges of an order charged before", 0)
+	if err := e.Err(); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -41,6 +41,9 @@ type demo struct {
 	mu      sync.Mutex
 	applied map[string]int // receipts applied downstream, by UUID
 	err     error          // the producer's or the downstream consumer's
+	// Set by the producer: the orders it sent, once each, and the
+	// messages.
+	orders, published int
 }
 
 // startDemo starts the downstream consumer and, once running is closed,
@@ -123,6 +126,7 @@ func (d *demo) produce(ctx context.Context, running <-chan struct{}) error {
 	if err != nil {
 		return err
 	}
+	var orders, published int
 	for i := range demoOrders {
 		payload, err := json.Marshal(order{ID: fmt.Sprintf("order-%03d", i+1), AmountCents: int64(100 * (i + 1))})
 		if err != nil {
@@ -132,9 +136,14 @@ func (d *demo) produce(ctx context.Context, running <-chan struct{}) error {
 			if err := pub.Publish(d.names.orders, message.NewMessage(watermill.NewUUID(), payload)); err != nil {
 				return err
 			}
+			published++
 		}
+		orders++
 	}
-	d.logger.Info("sent", "orders", demoOrders, "messages", 2*demoOrders)
+	d.mu.Lock()
+	d.orders, d.published = orders, published
+	d.mu.Unlock()
+	d.logger.Info("sent", "orders", orders, "messages", published)
 	return nil
 }
 
@@ -172,12 +181,12 @@ func (d *demo) settle(ctx context.Context) error {
 }
 
 // verdict prints what happened, computed from the tables and the
-// receipts stream, and returns an error if a claim is false.
+// streams, and returns an error if a claim is false.
 func (d *demo) verdict(ctx context.Context, pool *pgxpool.Pool) error {
 	defer d.client.Close() // once more if a read failed; closed before the verdict is printed
 	d.mu.Lock()
 	err := d.err
-	applied := d.applied
+	obs := observations{orders: d.orders, sent: d.published, applied: d.applied}
 	d.mu.Unlock()
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
@@ -186,95 +195,157 @@ func (d *demo) verdict(ctx context.Context, pool *pgxpool.Pool) error {
 		return ctx.Err()
 	}
 
-	charges := map[string]int{}
-	rows, err := pool.Query(ctx, `SELECT order_id, count(*) FROM `+d.names.charges+` GROUP BY order_id`)
-	if err != nil {
+	if obs.charges, err = countBy(ctx, pool, `SELECT order_id, count(*) FROM `+d.names.charges+` GROUP BY order_id`); err != nil {
 		return err
 	}
-	for rows.Next() {
-		var id string
-		var n int
-		if err := rows.Scan(&id, &n); err != nil {
-			return err
-		}
-		charges[id] = n
-	}
-	if err := rows.Err(); err != nil {
+	if obs.outbox, err = countBy(ctx, pool, `SELECT payload::json->>'uuid', count(*) FROM "watermill_`+d.names.outbox+`" GROUP BY 1`); err != nil {
 		return err
 	}
-	outbox := map[string]int{}
-	rows, err = pool.Query(ctx, `SELECT payload::text FROM "watermill_`+d.names.outbox+`"`)
-	if err != nil {
+	if obs.onOrders, err = d.client.XLen(ctx, d.names.orders).Result(); err != nil {
 		return err
 	}
-	for rows.Next() {
-		var payload string
-		if err := rows.Scan(&payload); err != nil {
-			return err
-		}
-		var envelope struct {
-			UUID string `json:"uuid"`
-		}
-		if err := json.Unmarshal([]byte(payload), &envelope); err != nil {
-			return err
-		}
-		outbox[envelope.UUID]++
-	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	published := map[string]int{}
 	entries, err := d.client.XRange(ctx, d.names.receipts, "-", "+").Result()
 	if err != nil {
 		return err
 	}
+	obs.published = map[string]int{}
 	for _, e := range entries {
-		if id, ok := e.Values["_watermill_message_uuid"].(string); ok {
-			published[id]++
-		}
+		id, _ := e.Values["_watermill_message_uuid"].(string)
+		obs.published[id]++
 	}
-
-	var wrong []string
-	claim := func(ok bool, what string) {
-		if !ok {
-			wrong = append(wrong, what)
-		}
-	}
-	once := func(m map[string]int) bool {
-		if len(m) != demoOrders {
-			return false
-		}
-		for _, n := range m {
-			if n != 1 {
-				return false
-			}
-		}
-		return true
-	}
-	claim(once(charges), "every order charged exactly once")
-	claim(once(outbox), "every receipt in the outbox exactly once")
-	claim(once(published), "every receipt published once, the duplicates publishing nothing")
-	claim(once(applied), "every receipt applied downstream once")
-	for i := range demoOrders {
-		id := fmt.Sprintf("order-%03d", i+1)
-		claim(charges[id] == 1 && outbox["receipt-"+id] == 1, "order "+id+" charged with its receipt")
-	}
-
 	_ = d.client.Close()
-	fmt.Printf("Summary: %d orders sent %d times; %d charge rows, %d receipts in the outbox, %d in the receipts stream, %d applied downstream\n",
-		demoOrders, 2*demoOrders, sum(charges), sum(outbox), len(entries), sum(applied))
-	if len(wrong) > 0 {
-		fmt.Printf("Check FAILED: not true that %s\n", strings.Join(wrong, "; "))
-		return errors.New("a claim is false")
+
+	fmt.Println("Summary:")
+	for _, line := range obs.sums() {
+		fmt.Println(line)
 	}
-	fmt.Printf("Check: %d orders charged exactly once each, each receipt in the outbox once, published once and applied once downstream\n", demoOrders)
+	if err := obs.check(); err != nil {
+		fmt.Printf("Check FAILED: %v\n", err)
+		return err
+	}
+	fmt.Printf("Check: %d orders charged exactly once each, each receipt in the outbox once, published once and applied once downstream; every sum above adds up.\n", obs.orders)
 	return nil
 }
 
-func sum(m map[string]int) int {
-	n := 0
-	for _, v := range m {
-		n += v
+// countBy runs query, which returns a key and a count per row, and
+// returns the counts by key.
+func countBy(ctx context.Context, pool *pgxpool.Pool, query string) (map[string]int, error) {
+	rows, err := pool.Query(ctx, query)
+	if err != nil {
+		return nil, err
 	}
-	return n
+	out := map[string]int{}
+	for rows.Next() {
+		var key string
+		var n int
+		if err := rows.Scan(&key, &n); err != nil {
+			return nil, err
+		}
+		out[key] = n
+	}
+	return out, rows.Err()
+}
+
+// observations is what the check reads: what the producer sent, the
+// charges and outbox tables, the streams, and the downstream consumer.
+type observations struct {
+	orders, sent int   // the orders sent, once each, and the messages sent
+	onOrders     int64 // the orders stream's entries (XLEN)
+	charges      map[string]int
+	outbox       map[string]int // receipts in the outbox table, by UUID
+	published    map[string]int // receipts on the receipts stream, by UUID
+	applied      map[string]int // receipts applied downstream, by UUID
+}
+
+// sum is a line of the summary: a total and the parts it is made of,
+// each read from where it happened. The check fails unless they add up.
+type sum struct {
+	label string
+	total int
+	of    string
+	parts []part
+}
+
+type part struct {
+	n  int
+	of string
+}
+
+func (s sum) String() string {
+	terms := make([]string, len(s.parts))
+	for i, p := range s.parts {
+		terms[i] = fmt.Sprintf("%d %s", p.n, p.of)
+	}
+	of := ""
+	if s.of != "" {
+		of = " " + s.of
+	}
+	return fmt.Sprintf("  %s: %d%s = %s", s.label, s.total, of, strings.Join(terms, " + "))
+}
+
+func (s sum) check() error {
+	n := 0
+	for _, p := range s.parts {
+		n += p.n
+	}
+	if n != s.total {
+		return fmt.Errorf("%s: %d, but its parts make %d", s.label, s.total, n)
+	}
+	return nil
+}
+
+// once splits counts by key into the total, the keys counted, and the
+// counts beyond the first of each key.
+func once(m map[string]int) (total, keys, again int) {
+	for _, n := range m {
+		total += n
+		if n > 0 {
+			keys++
+			again += n - 1
+		}
+	}
+	return total, keys, again
+}
+
+// sums are the lines of the summary.
+func (o observations) sums() []sum {
+	line := func(label string, m map[string]int, first, again string) sum {
+		total, keys, more := once(m)
+		return sum{label: label, total: total, parts: []part{{keys, first}, {more, again}}}
+	}
+	return []sum{
+		{label: "messages on the orders stream (XLEN)", total: int(o.onOrders), parts: []part{
+			{o.orders, "orders, a first copy of each"}, {o.sent - o.orders, "second copies, as a producer's retry sends them"}}},
+		line("charge rows", o.charges, "orders charged", "charges of an order charged before"),
+		line("receipts in the outbox table", o.outbox, "receipts", "written again"),
+		line("receipts on the receipts stream", o.published, "receipts", "published again"),
+		line("receipts applied downstream", o.applied, "receipts", "applied again"),
+	}
+}
+
+// check returns every claim that is false.
+func (o observations) check() error {
+	var errs []error
+	for _, s := range o.sums() {
+		if err := s.check(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if int(o.onOrders) != o.sent {
+		errs = append(errs, fmt.Errorf("the orders stream holds %d messages; %d were sent", o.onOrders, o.sent))
+	}
+	for what, m := range map[string]map[string]int{
+		"charged": o.charges, "in the outbox": o.outbox, "published": o.published, "applied downstream": o.applied,
+	} {
+		if total, keys, _ := once(m); total != o.orders || keys != o.orders {
+			errs = append(errs, fmt.Errorf("%d of %d orders %s, %d times in all, not once each", keys, o.orders, what, total))
+		}
+	}
+	for i := range o.orders {
+		id := fmt.Sprintf("order-%03d", i+1)
+		if o.charges[id] != 1 || o.outbox["receipt-"+id] != 1 {
+			errs = append(errs, fmt.Errorf("order %s: %d charges, %d receipts in the outbox", id, o.charges[id], o.outbox["receipt-"+id]))
+		}
+	}
+	return errors.Join(errs...)
 }

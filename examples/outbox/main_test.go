@@ -54,15 +54,52 @@ func setup(t *testing.T, prefix string) (*pgxpool.Pool, *redis.Client, []string)
 	}
 }
 
+// The demo as a user runs it (`make example-outbox`): the program exits 0
+// with its verdict last, and its summary is what Postgres and Redis hold.
 func TestOutboxExample(t *testing.T) {
 	bin := exampletest.Build(t, ".")
-	_, _, env := setup(t, prefixFor("ex_"))
+	prefix := prefixFor("ex_")
+	pool, client, env := setup(t, prefix)
+	n := namesFor(prefix)
 	p := exampletest.Start(t, "the outbox example", bin, nil, env...)
 	if code := p.Wait(3 * time.Minute); code != 0 {
 		t.Fatalf("exit status %d", code)
 	}
-	if err := exampletest.EndsWithVerdict(p.Output(), "Check: 20 orders charged exactly once each"); err != nil {
+	summary, err := exampletest.ParseSummary(p.Output(), "Check: 20 orders charged exactly once each")
+	if err != nil {
 		t.Fatal(err)
+	}
+
+	ctx := context.Background()
+	count := func(sql string) int {
+		var c int
+		if err := pool.QueryRow(ctx, sql).Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	receipts := map[string]bool{}
+	entries, err := client.XRange(ctx, n.receipts, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		id, _ := e.Values["_watermill_message_uuid"].(string)
+		receipts[id] = true
+	}
+	e := exampletest.Expect{Summary: summary}
+	e.Total("messages on the orders stream", int(client.XLen(ctx, n.orders).Val()))
+	e.Part("messages on the orders stream", "orders", demoOrders)
+	e.Part("messages on the orders stream", "second copies", demoOrders)
+	e.Total("charge rows", count(`SELECT count(*) FROM `+n.charges))
+	e.Part("charge rows", "orders charged", count(`SELECT count(DISTINCT order_id) FROM `+n.charges))
+	e.Total("receipts in the outbox table", count(`SELECT count(*) FROM "watermill_`+n.outbox+`"`))
+	e.Part("receipts in the outbox table", "receipts", count(`SELECT count(DISTINCT payload::json->>'uuid') FROM "watermill_`+n.outbox+`"`))
+	e.Total("receipts on the receipts stream", len(entries))
+	e.Part("receipts on the receipts stream", "receipts", len(receipts))
+	e.Total("receipts applied downstream", demoOrders)
+	if err := e.Err(); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -81,7 +81,8 @@ func TestRedisStreamsExample(t *testing.T) {
 	if code := p.Wait(3 * time.Minute); code != 0 {
 		t.Fatalf("exit status %d", code)
 	}
-	if err := exampletest.EndsWithVerdict(p.Output(), "Check: 22 orders charged exactly once each"); err != nil {
+	summary, err := exampletest.ParseSummary(p.Output(), "Check: 22 orders charged exactly once each")
+	if err != nil {
 		t.Fatal(err)
 	}
 	if p.Find(exampletest.MetricsURL) == nil {
@@ -114,8 +115,37 @@ func TestRedisStreamsExample(t *testing.T) {
 			t.Errorf("order %s's lease is %s under token %d; the ledger's charge has token %d", id, rec.State, rec.Token, e.Token)
 		}
 	}
-	if n := client.XLen(context.Background(), prefix+"orders.poison").Val(); n != 1 {
-		t.Errorf("the poison stream holds %d messages, want the one without an order id", n)
+	poisoned := int(client.XLen(context.Background(), prefix+"orders.poison").Val())
+	if poisoned != 1 {
+		t.Errorf("the poison stream holds %d messages, want the one without an order id", poisoned)
+	}
+
+	// The summary's numbers are what Redis holds and what the program
+	// logged.
+	messages := int(client.XLen(context.Background(), prefix+"orders").Val())
+	charges, attempts := 0, len(p.Lines(regexp.MustCompile(`msg=charging `)))
+	for _, e := range ledger {
+		charges += int(e.Charges)
+	}
+	e := exampletest.Expect{Summary: summary}
+	e.Total("messages on the orders stream", messages)
+	e.Part("messages on the orders stream", "orders", len(want))
+	e.Part("messages on the orders stream", "second copies", demoOrders)
+	e.Part("messages on the orders stream", "without an order id", 1)
+	e.Part("deliveries to the router", "messages", messages)
+	e.Part("the same deliveries by outcome", "processed", len(want))
+	e.Part("the same deliveries by outcome", "key_error", poisoned)
+	e.That(e.Value("the same deliveries by outcome", "duplicate") >= demoOrders, "fewer duplicates than second copies")
+	e.That(e.Value("the same deliveries by outcome", "handler_failed") >= 1, "no failed delivery: the flaky order's")
+	e.Total("charge attempts", attempts)
+	e.Part("charge attempts", "charges in the ledger", charges)
+	e.Part("charge attempts", "failed", attempts-charges)
+	e.Total("charges in the ledger", charges)
+	e.Part("charges in the ledger", "orders charged", len(ledger))
+	e.Part("charges in the ledger", "charges of an order charged before", 0)
+	e.Total("messages on the poison stream", poisoned)
+	if err := e.Err(); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -51,11 +51,11 @@ type demo struct {
 
 	done chan struct{} // closed once produce has returned
 	// Set by produce, read once done is closed.
-	err       error
-	orders    []string // every order sent
-	published int      // messages sent
-	twice     int      // orders sent twice
-	malformed string   // the UUID of the message without an order id
+	err           error
+	orders        []string // every order sent, once each
+	orderMessages int      // messages sent that carry an order
+	published     int      // messages sent
+	malformed     string   // the UUID of the message without an order id
 }
 
 // startDemo starts producing once running is closed. The context it
@@ -114,6 +114,7 @@ func (d *demo) produce(ctx context.Context) error {
 			if _, err := publish(payload); err != nil {
 				return err
 			}
+			d.orderMessages++
 		}
 		return nil
 	}
@@ -146,7 +147,6 @@ func (d *demo) produce(ctx context.Context) error {
 		if err := send(order{ID: fmt.Sprintf("order-%03d", i+1), AmountCents: int64(1000 + i)}, 2); err != nil {
 			return err
 		}
-		d.twice++
 	}
 
 	// Settled: every order charged, and every message deleted.
@@ -209,7 +209,7 @@ func (d *demo) verdict(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	var obs observations
+	obs := observations{orders: d.orders, orderMessages: d.orderMessages, published: d.published, malformed: d.malformed}
 	var err error
 	if obs.ledger, err = d.ledger.entries(ctx); err != nil {
 		return err
@@ -220,9 +220,11 @@ func (d *demo) verdict(ctx context.Context) error {
 	if obs.metrics, err = scrape(ctx, d.metricsURL); err != nil {
 		return err
 	}
-	obs.sent = sent{orders: d.orders, twice: d.twice, published: d.published, malformed: d.malformed}
 
-	fmt.Println("Summary: " + obs.summary())
+	fmt.Println("Summary:")
+	for _, line := range obs.sums() {
+		fmt.Println(line)
+	}
 	if err := obs.check(); err != nil {
 		fmt.Printf("Check FAILED: %v\n", err)
 		return err
@@ -255,17 +257,17 @@ func (d *demo) receivePoisoned(ctx context.Context) ([]string, error) {
 	}
 }
 
-// sent is what the demo sent.
-type sent struct {
-	orders    []string
-	twice     int
-	published int
-	malformed string
-}
-
-// observations is what the check reads.
+// observations is what the check reads: what the producer sent, and what
+// the ledger, the poison queue and /metrics hold.
 type observations struct {
-	sent     sent
+	// Sent: the orders (once each), the messages that carry one, every
+	// message, and the UUID of the one without an order id. SQS keeps no
+	// count of the messages sent to a queue; the producer does.
+	orders        []string
+	orderMessages int
+	published     int
+	malformed     string
+
 	ledger   map[string]entry
 	poisoned []string // the poison queue's message UUIDs
 	metrics  scraped
@@ -274,51 +276,136 @@ type observations struct {
 // scraped is what /metrics said.
 type scraped struct {
 	deliveries map[string]float64 // the middleware's deliveries by outcome
-	waited     float64            // deliveries that waited for the key's holder
-	executions float64            // Watermill's count of handler runs
+	executions float64            // Watermill's count of the router's handler runs: deliveries
+	attempts   map[string]float64 // the handler's charge attempts by result
 }
 
-func (o observations) summary() string {
-	outcomes := make([]string, 0, len(o.metrics.deliveries))
-	for _, k := range slices.Sorted(maps.Keys(o.metrics.deliveries)) {
-		outcomes = append(outcomes, fmt.Sprintf("%s=%v", k, o.metrics.deliveries[k]))
-	}
-	return fmt.Sprintf("%d messages: %d orders (%d of them sent twice), 1 without an order id; /metrics: deliveries %s, %v waited for a holder, %v handler runs; ledger: %s; poison queue: %s",
-		o.sent.published, len(o.sent.orders), o.sent.twice, strings.Join(outcomes, " "), o.metrics.waited, o.metrics.executions,
-		count(len(o.ledger), "order"), count(len(o.poisoned), "message"))
+// sum is a line of the summary: a total and the parts it is made of,
+// each read from where it happened. The check fails unless they add up.
+type sum struct {
+	label string
+	total int
+	of    string
+	parts []part
 }
+
+type part struct {
+	n  int
+	of string
+}
+
+func (s sum) String() string {
+	terms := make([]string, len(s.parts))
+	for i, p := range s.parts {
+		terms[i] = fmt.Sprintf("%d %s", p.n, p.of)
+	}
+	of := ""
+	if s.of != "" {
+		of = " " + s.of
+	}
+	return fmt.Sprintf("  %s: %d%s = %s", s.label, s.total, of, strings.Join(terms, " + "))
+}
+
+func (s sum) check() error {
+	n := 0
+	for _, p := range s.parts {
+		n += p.n
+	}
+	if n != s.total {
+		return fmt.Errorf("%s: %d, but its parts make %d", s.label, s.total, n)
+	}
+	return nil
+}
+
+// charges returns the ledger's charges, the orders it charged, and the
+// charges of an order charged before.
+func (o observations) charges() (total, orders, again int) {
+	for _, e := range o.ledger {
+		total += int(e.Charges)
+		if e.Charges > 0 {
+			orders++
+			again += int(e.Charges) - 1
+		}
+	}
+	return total, orders, again
+}
+
+// outcomes lists the middleware's deliveries by outcome, most first.
+func (o observations) outcomes() []part {
+	var parts []part
+	for _, k := range slices.Sorted(maps.Keys(o.metrics.deliveries)) {
+		parts = append(parts, part{int(o.metrics.deliveries[k]), k})
+	}
+	slices.SortStableFunc(parts, func(a, b part) int { return b.n - a.n })
+	return parts
+}
+
+// sums are the lines of the summary.
+func (o observations) sums() []sum {
+	m := o.metrics
+	charges, charged, again := o.charges()
+	return []sum{
+		{label: "messages sent to the orders queue (the producer's count)", total: o.published, parts: []part{
+			{len(o.orders), "orders, a first copy of each"},
+			{o.orderMessages - len(o.orders), "second copies, as a producer's retry sends them"},
+			{o.published - o.orderMessages, "without an order id"}}},
+		{label: "deliveries to the router (handler_execution_time_seconds_count)", total: int(m.executions), parts: []part{
+			{o.published, "messages, each delivered once"},
+			{int(m.executions) - o.published, "delivered again: SQS showed the message again after its visibility timeout or a deferral"}}},
+		{label: "the same deliveries by outcome (the middleware's count)", total: int(m.executions), parts: o.outcomes()},
+		{label: "charge attempts (orders_charge_attempts_total)", total: int(m.attempts["charged"] + m.attempts["failed"]), parts: []part{
+			{charges, "charges in the ledger"}, {int(m.attempts["failed"]), "failed"}}},
+		{label: "charges in the ledger", total: charges, parts: []part{
+			{charged, "orders charged"}, {again, "charges of an order charged before"}}},
+		{label: "messages on the poison queue", total: len(o.poisoned), parts: []part{
+			{int(m.deliveries["key_error"]), "key_error: no usable key, forwarded by the poison queue"}}},
+	}
+}
+
+// flakyFailures is how many times the flaky order's payment fails
+// (payments.go).
+const flakyFailures = 3
 
 // check returns every claim that is false.
 func (o observations) check() error {
 	var errs []error
-	for _, id := range o.sent.orders {
+	for _, s := range o.sums() {
+		if err := s.check(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, id := range o.orders {
 		if n := o.ledger[id].Charges; n != 1 {
 			errs = append(errs, fmt.Errorf("order %s charged %d times", id, n))
 		}
 	}
 	for id := range o.ledger {
-		if !slices.Contains(o.sent.orders, id) {
+		if !slices.Contains(o.orders, id) {
 			errs = append(errs, fmt.Errorf("the ledger charged %s, an order never sent", id))
 		}
 	}
 	m := o.metrics.deliveries
-	if int(m["processed"]) != len(o.sent.orders) {
-		errs = append(errs, fmt.Errorf("/metrics counts %v processed deliveries for %d orders", m["processed"], len(o.sent.orders)))
+	if int(m["processed"]) != len(o.orders) {
+		errs = append(errs, fmt.Errorf("/metrics counts %v processed deliveries for %d orders", m["processed"], len(o.orders)))
 	}
-	if int(m["duplicate"]) < o.sent.twice {
-		errs = append(errs, fmt.Errorf("/metrics counts %v duplicates for %d orders sent twice", m["duplicate"], o.sent.twice))
+	if second := o.orderMessages - len(o.orders); int(m["duplicate"]) < second {
+		errs = append(errs, fmt.Errorf("/metrics counts %v duplicates for %d second copies", m["duplicate"], second))
 	}
-	if m["handler_failed"] < 1 {
-		errs = append(errs, errors.New("the flaky order's payment never failed a delivery"))
+	if int(o.metrics.attempts["failed"]) != flakyFailures || m["handler_failed"] < 1 {
+		errs = append(errs, fmt.Errorf("%v charge attempts failed in %v deliveries; the flaky order's payment fails %d times",
+			o.metrics.attempts["failed"], m["handler_failed"], flakyFailures))
+	}
+	// Every message was acked by one of its deliveries, and a nacked
+	// delivery is not that one: a message nacked n times was delivered
+	// n times more than once.
+	if again, nacked := int(o.metrics.executions)-o.published, int(m["handler_failed"]+m["in_progress"]); again < nacked {
+		errs = append(errs, fmt.Errorf("%d deliveries beyond one per message, for %d nacks", again, nacked))
 	}
 	if m["in_progress"] < 1 {
 		errs = append(errs, errors.New("no delivery found its order held elsewhere and was nacked in progress"))
 	}
-	if !slices.Equal(o.poisoned, []string{o.sent.malformed}) {
-		errs = append(errs, fmt.Errorf("the poison queue holds %v, not just the message without an order id (%s)", o.poisoned, o.sent.malformed))
-	}
-	if int(o.metrics.executions) < o.sent.published {
-		errs = append(errs, fmt.Errorf("/metrics counts %v handler runs for %d messages", o.metrics.executions, o.sent.published))
+	if !slices.Equal(o.poisoned, []string{o.malformed}) {
+		errs = append(errs, fmt.Errorf("the poison queue holds %v, not just the message without an order id (%s)", o.poisoned, o.malformed))
 	}
 	return errors.Join(errs...)
 }
@@ -326,10 +413,14 @@ func (o observations) check() error {
 // claims states what check verified.
 func (o observations) claims() string {
 	m := o.metrics.deliveries
-	return fmt.Sprintf("%s charged exactly once each in the ledger, under fencing tokens; %s dropped as duplicates, uncharged; "+
-		"the flaky order charged after %s; %s nacked while %s order was held elsewhere, none charged again or poisoned; "+
-		"only the message without an order id reached the poison queue; /metrics agrees with the ledger.",
-		count(len(o.sent.orders), "order"), count(int(m["duplicate"]), "copy"), count(int(m["handler_failed"]), "failed delivery"),
+	second := o.orderMessages - len(o.orders)
+	return fmt.Sprintf("%s charged exactly once each in the ledger, under fencing tokens; "+
+		"the %s and %s of charged orders dropped as duplicates, uncharged; "+
+		"the flaky order charged after %s in %s; "+
+		"%s nacked while %s order was held elsewhere, none charged again or poisoned; "+
+		"only the message without an order id reached the poison queue; every sum above adds up.",
+		count(len(o.orders), "order"), count(second, "second copy"), count(int(m["duplicate"])-second, "other delivery"),
+		count(int(o.metrics.attempts["failed"]), "failed payment"), count(int(m["handler_failed"]), "failed delivery"),
 		count(int(m["in_progress"]), "delivery"), plural(int(m["in_progress"]), "its", "their"))
 }
 
@@ -371,15 +462,15 @@ func scrape(ctx context.Context, url string) (scraped, error) {
 		return scraped{}, fmt.Errorf("scraping %s: %w", url, err)
 	}
 	return scraped{
-		deliveries: sum(families["watermill_idempotency_deliveries_total"], "watermill_idempotency_outcome"),
-		waited:     sum(families["watermill_idempotency_wait_duration_seconds"], "")[""],
-		executions: sum(families["handler_execution_time_seconds"], "")[""],
+		deliveries: sumBy(families["watermill_idempotency_deliveries_total"], "watermill_idempotency_outcome"),
+		executions: sumBy(families["handler_execution_time_seconds"], "")[""],
+		attempts:   sumBy(families["orders_charge_attempts_total"], "result"),
 	}, nil
 }
 
-// sum adds up a counter's samples, or a histogram's counts, by the value
-// of label.
-func sum(f *dto.MetricFamily, label string) map[string]float64 {
+// sumBy adds up a counter's samples, or a histogram's counts, by the
+// value of label.
+func sumBy(f *dto.MetricFamily, label string) map[string]float64 {
 	out := map[string]float64{}
 	for _, m := range f.GetMetric() {
 		value := ""

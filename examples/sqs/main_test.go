@@ -131,7 +131,8 @@ func TestSQSExample(t *testing.T) {
 			if code := p.Wait(3 * time.Minute); code != 0 {
 				t.Fatalf("exit status %d", code)
 			}
-			if err := exampletest.EndsWithVerdict(p.Output(), "Check: 22 orders charged exactly once each"); err != nil {
+			summary, err := exampletest.ParseSummary(p.Output(), "Check: 22 orders charged exactly once each")
+			if err != nil {
 				t.Fatal(err)
 			}
 			if len(p.Lines(deferred)) < 1 {
@@ -159,7 +160,41 @@ func TestSQSExample(t *testing.T) {
 					t.Errorf("order %s's lease is %s under token %d; the ledger's charge has token %d", id, rec.State, rec.Token, e.Token)
 				}
 			}
+			checkSummary(t, summary, ledger, len(p.Lines(regexp.MustCompile(`msg=charging `))))
 		})
+	}
+}
+
+// checkSummary checks the demo's summary against what it sent (the slow
+// order and every ordinary order twice, the flaky order and a message
+// without an order id once), the ledger, and its charging lines.
+func checkSummary(t *testing.T, summary exampletest.Summary, ledger map[string]entry, attempts int) {
+	t.Helper()
+	orders, second := 2+demoOrders, 1+demoOrders
+	messages := orders + second + 1
+	charges := 0
+	for _, e := range ledger {
+		charges += int(e.Charges)
+	}
+	e := exampletest.Expect{Summary: summary}
+	e.Total("messages sent to the orders queue", messages)
+	e.Part("messages sent to the orders queue", "orders", len(ledger))
+	e.Part("messages sent to the orders queue", "second copies", second)
+	e.Part("messages sent to the orders queue", "without an order id", 1)
+	e.Part("deliveries to the router", "messages", messages)
+	e.Part("the same deliveries by outcome", "processed", len(ledger))
+	e.Part("the same deliveries by outcome", "key_error", 1)
+	e.That(e.Value("the same deliveries by outcome", "duplicate") >= second, "fewer duplicates than second copies")
+	e.That(e.Value("the same deliveries by outcome", "in_progress") >= 1, "no delivery nacked in progress: the slow order's second copy")
+	e.Total("charge attempts", attempts)
+	e.Part("charge attempts", "charges in the ledger", charges)
+	e.Part("charge attempts", "failed", attempts-charges)
+	e.Total("charges in the ledger", charges)
+	e.Part("charges in the ledger", "orders charged", orders)
+	e.Part("charges in the ledger", "charges of an order charged before", 0)
+	e.Total("messages on the poison queue", 1)
+	if err := e.Err(); err != nil {
+		t.Error(err)
 	}
 }
 

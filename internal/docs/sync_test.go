@@ -3,7 +3,7 @@
 // compiles (and, for the SQL, runs against Postgres). A block in the docs
 // names its source on the line before it:
 //
-//	<!-- snippet: internal/docs/readme_test.go#quickstart -->
+//	<!-- snippet: internal/docs/operations_test.go#inspect -->
 //
 // and the source marks the region with "// snippet:quickstart" (or
 // "-- snippet:..." in SQL, or "{{/* snippet:... */ -}}" in a SQL template)

@@ -9,7 +9,6 @@ package exampletest
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -277,13 +276,12 @@ func (p *Process) wait(timeout time.Duration) bool {
 	}
 }
 
-// EndsWithVerdict returns an error unless out ends with a line starting
-// with "Summary: " followed by one starting with check: nothing, an error
-// least of all, may be printed after an example's summary and verdict.
+// EndsWithVerdict returns an error unless out ends with the example's
+// summary (a line "Summary:", then its sums, each adding up: see
+// [ParseSummary]) followed by a line starting with check: nothing, an
+// error least of all, may be printed after an example's summary and
+// verdict.
 func EndsWithVerdict(out, check string) error {
-	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	if len(lines) < 2 || !strings.HasPrefix(lines[len(lines)-2], "Summary: ") || !strings.HasPrefix(lines[len(lines)-1], check) {
-		return fmt.Errorf("the output does not end with its summary and %q:\n%s", check, out)
-	}
-	return nil
+	_, err := ParseSummary(out, check)
+	return err
 }

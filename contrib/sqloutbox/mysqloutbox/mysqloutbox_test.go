@@ -1,22 +1,26 @@
-package sqloutbox_test
+package mysqloutbox_test
 
 import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
-	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox"
+	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox/mysqloutbox"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
-// The MySQL outbox: a duplicate of a completed key publishes nothing, a
+// The outbox on MariaDB: a duplicate of a completed key publishes nothing, a
 // failed handler records nothing, and the transaction is the outbox's.
 func TestMySQL(t *testing.T) {
 	ctx := context.Background()
@@ -30,7 +34,7 @@ func TestMySQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob, err := sqloutbox.NewMySQL(db, store, sqloutbox.Options{Topic: topic})
+	ob, err := mysqloutbox.New(db, store, mysqloutbox.Options{Topic: topic})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,14 +56,14 @@ func TestMySQL(t *testing.T) {
 	}
 	boom := errors.New("boom")
 	handler := func(fail error) message.HandlerFunc {
-		h := ob.Handler(func(tx *sqloutbox.SQLTx, msg *message.Message) error {
+		h := ob.Handler(func(tx *mysqloutbox.Tx, msg *message.Message) error {
 			if _, err := tx.ExecContext(msg.Context(), `INSERT INTO `+charges+` VALUES (?)`, msg.Metadata.Get("order")); err != nil {
 				return err
 			}
 			if err := tx.Publish("receipts", message.NewMessage("receipt-"+msg.Metadata.Get("order"), nil)); err != nil {
 				return err
 			}
-			if err := tx.Commit(); !errors.Is(err, sqloutbox.ErrOwnedTx) {
+			if err := tx.Commit(); !errors.Is(err, mysqloutbox.ErrOwnedTx) {
 				t.Errorf("Commit: got %v, want ErrOwnedTx", err)
 			}
 			return fail
@@ -107,4 +111,32 @@ func TestMySQL(t *testing.T) {
 	if rec.State != backends.StateCompleted || len(rec.Output) != 0 {
 		t.Errorf("record %v with %d bytes of output, want completed with none to replay", rec.State, len(rec.Output))
 	}
+}
+
+// service returns the address of a server the tests use, from the
+// environment variable name, and fails the test if it is not set: `make
+// test` starts private servers and sets these.
+func service(t testing.TB, name string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		t.Fatalf("%s is not set. Run the tests with `make test`, which starts private servers and sets it, "+
+			"or set it to a server the tests may write to", name)
+	}
+	return v
+}
+
+// unique returns a name for this test's tables, holding this run's id
+// ($IDEM_TEST_RUN), made of letters, digits and underscores.
+func unique(prefix string) string {
+	s := fmt.Sprintf("%s_%s_%d_%d", prefix, os.Getenv("IDEM_TEST_RUN"), os.Getpid(), time.Now().UnixNano()%1e9)
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' {
+			return r
+		}
+		if r >= 'A' && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return '_'
+	}, s)
 }

@@ -1,0 +1,168 @@
+// Package outbox is what the Postgres outbox (package sqloutbox) and the
+// MySQL one (package mysqloutbox) share: the outbox table, written through
+// watermill-sql on the handler's transaction, and the Forwarder that reads
+// it. It imports no database driver, so that each outbox package links
+// only its own.
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
+)
+
+// DefaultTopic is the outbox topic a zero Config.Topic means.
+const DefaultTopic = "outbox"
+
+// DefaultPollInterval is what a zero Config.PollInterval means.
+const DefaultPollInterval = 100 * time.Millisecond
+
+// The errors both outbox packages return (and export under the same
+// names).
+var (
+	ErrNoLease        = errors.New("sqloutbox: no lease in the message context: the idempotency middleware must wrap the handler")
+	ErrOwnedTx        = errors.New("sqloutbox: the handler's transaction is committed or rolled back by the outbox")
+	ErrInvalidOptions = errors.New("sqloutbox: invalid options")
+)
+
+// Config is an outbox's options, as both packages' Options hold them.
+type Config struct {
+	Topic        string
+	Schema       wsql.SchemaAdapter
+	Offsets      wsql.OffsetsAdapter
+	Marshaler    forwarder.Marshaler
+	PollInterval time.Duration
+}
+
+// BeforeCommit runs after a handler's key is completed in its transaction
+// and before the commit: the tests' crash point there.
+var BeforeCommit = func() {}
+
+// Outbox is the outbox table of one topic on one database.
+type Outbox struct {
+	cfg Config
+	db  wsql.Beginner
+}
+
+// New returns the outbox of cfg on db; schema and offsets are the
+// database's defaults for cfg's unset Schema and Offsets.
+func New(db wsql.Beginner, cfg Config, schema wsql.SchemaAdapter, offsets wsql.OffsetsAdapter) (*Outbox, error) {
+	if cfg.Topic == "" {
+		cfg.Topic = DefaultTopic
+	}
+	if cfg.Schema == nil {
+		cfg.Schema = schema
+	}
+	if cfg.Offsets == nil {
+		cfg.Offsets = offsets
+	}
+	if cfg.Marshaler == nil {
+		cfg.Marshaler = forwarder.DefaultMarshaler{}
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = DefaultPollInterval
+	}
+	if cfg.PollInterval < 0 {
+		return nil, fmt.Errorf("%w: PollInterval must not be negative, got %v", ErrInvalidOptions, cfg.PollInterval)
+	}
+	return &Outbox{cfg: cfg, db: db}, nil
+}
+
+// Publisher publishes enveloped messages into the outbox table through
+// exec, the handler's transaction.
+func (o *Outbox) Publisher(exec wsql.ContextExecutor) (message.Publisher, error) {
+	pub, err := wsql.NewPublisher(exec, wsql.PublisherConfig{SchemaAdapter: o.cfg.Schema}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("sqloutbox: %w", err)
+	}
+	return forwarder.NewPublisher(pub, forwarder.PublisherConfig{ForwarderTopic: o.cfg.Topic, Marshaler: o.cfg.Marshaler}), nil
+}
+
+// Publish writes msgs, bound for topic, through pub.
+func Publish(pub message.Publisher, topic string, msgs []*message.Message) error {
+	if topic == "" {
+		return errors.New("sqloutbox: publish: empty destination topic")
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	if err := pub.Publish(topic, msgs...); err != nil {
+		return fmt.Errorf("sqloutbox: publish to %q through the outbox: %w", topic, err)
+	}
+	return nil
+}
+
+// Lease returns the lease the message's handler runs under.
+func Lease(msg *message.Message) (backends.Lease, error) {
+	l, ok := idempotency.LeaseFromContext(msg.Context())
+	if !ok {
+		return backends.Lease{}, ErrNoLease
+	}
+	return l, nil
+}
+
+// Migrate creates the outbox table and the Forwarder's offsets table if
+// they do not exist, in one transaction.
+func (o *Outbox) Migrate(ctx context.Context) error {
+	qs, err := o.cfg.Schema.SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{Topic: o.cfg.Topic})
+	if err != nil {
+		return fmt.Errorf("sqloutbox: migrate: %w", err)
+	}
+	oqs, err := o.cfg.Offsets.SchemaInitializingQueries(wsql.OffsetsSchemaInitializingQueriesParams{Topic: o.cfg.Topic})
+	if err != nil {
+		return fmt.Errorf("sqloutbox: migrate: %w", err)
+	}
+	tx, err := o.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqloutbox: migrate: %w", err)
+	}
+	for _, q := range append(qs, oqs...) {
+		if _, err := tx.ExecContext(ctx, q.Query, q.Args...); err != nil {
+			return errors.Join(fmt.Errorf("sqloutbox: migrate: %w", err), tx.Rollback())
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("sqloutbox: migrate: %w", err)
+	}
+	return nil
+}
+
+// NewForwarder makes the Forwarder that reads the outbox and publishes
+// each message to its destination topic through out.
+func (o *Outbox) NewForwarder(out message.Publisher, logger watermill.LoggerAdapter, cfg forwarder.Config) (*forwarder.Forwarder, error) {
+	if out == nil {
+		return nil, fmt.Errorf("%w: nil publisher", ErrInvalidOptions)
+	}
+	if cfg.ForwarderTopic != "" && cfg.ForwarderTopic != o.cfg.Topic {
+		return nil, fmt.Errorf("%w: the Forwarder's topic %q is not the outbox's %q", ErrInvalidOptions, cfg.ForwarderTopic, o.cfg.Topic)
+	}
+	if cfg.Marshaler != nil {
+		return nil, fmt.Errorf("%w: set the Marshaler in Options, for the outbox and its Forwarder alike", ErrInvalidOptions)
+	}
+	cfg.ForwarderTopic, cfg.Marshaler = o.cfg.Topic, o.cfg.Marshaler
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	sub, err := wsql.NewSubscriber(o.db, wsql.SubscriberConfig{
+		SchemaAdapter:  o.cfg.Schema,
+		OffsetsAdapter: o.cfg.Offsets,
+		PollInterval:   o.cfg.PollInterval,
+	}, logger)
+	if err != nil {
+		return nil, fmt.Errorf("sqloutbox: forwarder: %w", err)
+	}
+	f, err := forwarder.NewForwarder(sub, out, logger, cfg)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("sqloutbox: forwarder: %w", err), sub.Close())
+	}
+	return f, nil
+}

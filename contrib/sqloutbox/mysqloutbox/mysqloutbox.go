@@ -1,0 +1,199 @@
+// Package mysqloutbox is the transactional outbox of package sqloutbox on
+// MySQL or MariaDB, with the mysqlstore store: a handler's business rows,
+// its output messages and its key's completion commit in one
+// transaction, and a Forwarder moves the messages to the broker. It is a
+// package of its own so that a Postgres-only program, importing
+// sqloutbox, links no MySQL driver. The guarantees, the costs and the
+// retention are sqloutbox's (docs/outbox.md).
+//
+// # Use
+//
+//	outbox, err := mysqloutbox.New(db, store, mysqloutbox.Options{}) // db: *sql.DB, store: *mysqlstore.Store
+//	...
+//	charge := router.AddConsumerHandler("charge", "orders", sub, outbox.Handler(
+//		func(tx *mysqloutbox.Tx, msg *message.Message) error {
+//			if _, err := tx.ExecContext(msg.Context(), `INSERT INTO charges ...`, ...); err != nil {
+//				return err
+//			}
+//			return tx.Publish("receipts", message.NewMessage(receiptID, payload))
+//		}))
+//	charge.AddMiddleware(idem.Middleware)
+//	fwd, err := outbox.NewForwarder(brokerPublisher, logger, forwarder.Config{}) // its own router
+//	go fwd.Run(ctx)
+package mysqloutbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
+	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox/internal/outbox"
+)
+
+// DefaultTopic is the outbox topic [Options.Topic] defaults to: the
+// watermill-sql topic the handlers write to and the Forwarder reads.
+const DefaultTopic = outbox.DefaultTopic
+
+// DefaultPollInterval is what [Options.PollInterval] defaults to.
+const DefaultPollInterval = outbox.DefaultPollInterval
+
+// The errors are the same values as package sqloutbox's: errors.Is
+// matches either package's.
+var (
+	// ErrNoLease is returned by a handler made by Handler when the message
+	// carries no lease: the idempotency middleware does not wrap it.
+	ErrNoLease = outbox.ErrNoLease
+	// ErrOwnedTx is returned by Commit and Rollback on the transaction a
+	// handler is given: the outbox commits it after the handler returns
+	// (and rolls it back if the handler fails).
+	ErrOwnedTx = outbox.ErrOwnedTx
+	// ErrInvalidOptions wraps every error of New about its options.
+	ErrInvalidOptions = outbox.ErrInvalidOptions
+)
+
+// Options configures a MySQL outbox. The zero value is ready to use.
+type Options struct {
+	// Topic is the watermill-sql topic of the outbox: handlers write
+	// enveloped messages to it, the Forwarder reads them. With
+	// watermill-sql's schemas its table is "watermill_" + Topic.
+	// Defaults to DefaultTopic.
+	Topic string
+	// Schema is the watermill-sql schema adapter of the outbox table; the
+	// Forwarder's subscriber uses the same. Defaults to MySQLQueueSchema
+	// reading one row at a time. Not DefaultMySQLSchema: it reads rows
+	// past the last forwarded AUTO_INCREMENT offset, and a transaction
+	// that took a lower offset but commits after a higher one has been
+	// forwarded is skipped, its messages never forwarded (the storm test
+	// saw it). Not MySQLQueueSchema with a batch of more than one row:
+	// when the Forwarder stops or its publish times out mid-batch,
+	// watermill-sql v4.1.2 marks every row of the batch forwarded, the
+	// unsent ones too.
+	Schema wsql.SchemaAdapter
+	// Offsets is the watermill-sql offsets adapter of the Forwarder's
+	// subscriber. Defaults to MySQLQueueOffsetsAdapter (forwarded rows are
+	// marked acked; DeleteOnAck deletes them instead).
+	Offsets wsql.OffsetsAdapter
+	// Marshaler encodes the envelopes that carry each message and its
+	// destination topic. Defaults to the Forwarder's DefaultMarshaler
+	// (JSON).
+	Marshaler forwarder.Marshaler
+	// PollInterval is how long the Forwarder's subscriber waits before it
+	// looks again when it found no new row. Defaults to
+	// DefaultPollInterval.
+	PollInterval time.Duration
+}
+
+// Outbox runs handlers in a transaction on MySQL or MariaDB that holds
+// their own writes, their output messages (in the outbox table) and the
+// completion of their idempotency key.
+type Outbox struct {
+	outbox *outbox.Outbox
+	db     *sql.DB
+	store  *mysqlstore.Store
+}
+
+// New returns the outbox of store on db, which must reach the store's
+// database. Call [Outbox.Migrate] once to create its tables.
+func New(db *sql.DB, store *mysqlstore.Store, opts Options) (*Outbox, error) {
+	if db == nil || store == nil {
+		return nil, fmt.Errorf("%w: nil database or store", ErrInvalidOptions)
+	}
+	cfg := outbox.Config{Topic: opts.Topic, Schema: opts.Schema, Offsets: opts.Offsets, Marshaler: opts.Marshaler, PollInterval: opts.PollInterval}
+	// Not DefaultMySQLSchema: see Options.Schema.
+	o, err := outbox.New(wsql.BeginnerFromStdSQL(db), cfg, wsql.MySQLQueueSchema{SubscribeBatchSize: 1}, wsql.MySQLQueueOffsetsAdapter{})
+	if err != nil {
+		return nil, err
+	}
+	return &Outbox{outbox: o, db: db, store: store}, nil
+}
+
+// Migrate creates the outbox table and the Forwarder's offsets table if
+// they do not exist. The store's own table is created by its Migrate.
+func (m *Outbox) Migrate(ctx context.Context) error { return m.outbox.Migrate(ctx) }
+
+// Tx is the transaction a handler made by [Outbox.Handler] runs in: a
+// *sql.Tx whose Commit and Rollback belong to the outbox, with Publish.
+type Tx struct {
+	*sql.Tx
+	pub message.Publisher
+}
+
+// Publish writes msgs, bound for topic, into the outbox inside the
+// transaction: they reach the broker (through the Forwarder) if and only
+// if the transaction commits. Each keeps its UUID and metadata.
+func (t *Tx) Publish(topic string, msgs ...*message.Message) error {
+	return outbox.Publish(t.pub, topic, msgs)
+}
+
+// Commit returns ErrOwnedTx: the outbox commits the transaction after the
+// handler returns.
+func (t *Tx) Commit() error { return ErrOwnedTx }
+
+// Rollback returns ErrOwnedTx: return an error from the handler instead.
+func (t *Tx) Rollback() error { return ErrOwnedTx }
+
+// HandlerFunc is a handler that writes its effects through tx and
+// publishes its output with tx.Publish. It returns no messages: what it
+// publishes goes through the outbox.
+type HandlerFunc func(tx *Tx, msg *message.Message) error
+
+// Handler returns a handler for the router that begins a transaction,
+// runs fn in it, completes the message's idempotency key in it (with no
+// output to replay: the output is in the outbox), and commits. If fn
+// fails, or the key can no longer be completed by this lease, the
+// transaction rolls back and the handler fails: nothing of it was
+// recorded. The idempotency middleware, with this outbox's store, must
+// wrap the handler: without a lease it fails with ErrNoLease.
+func (m *Outbox) Handler(fn HandlerFunc) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) (err error) {
+		l, err := outbox.Lease(msg)
+		if err != nil {
+			return err
+		}
+		ctx := msg.Context()
+		tx, err := m.db.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("sqloutbox: begin: %w", err)
+		}
+		defer func() {
+			if err != nil {
+				if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+					err = errors.Join(err, fmt.Errorf("sqloutbox: rollback: %w", rerr))
+				}
+			}
+		}()
+		pub, err := m.outbox.Publisher(wsql.TxFromStdSQL(tx))
+		if err != nil {
+			return err
+		}
+		if err := fn(&Tx{Tx: tx, pub: pub}, msg); err != nil {
+			return err
+		}
+		if err := m.store.CompleteTx(ctx, tx, l, nil); err != nil {
+			return err
+		}
+		outbox.BeforeCommit()
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("sqloutbox: commit: %w", err)
+		}
+		return nil
+	}
+}
+
+// NewForwarder returns the Forwarder that moves the outbox's messages to
+// their destination topics through out, the real broker's publisher. Run
+// it (Run, or the Router of cfg) in the service, in as many copies as
+// wanted: they share the outbox's consumer group, and one forwards at a
+// time. Leave cfg's ForwarderTopic and Marshaler unset: the outbox's
+// Options set both.
+func (m *Outbox) NewForwarder(out message.Publisher, logger watermill.LoggerAdapter, cfg forwarder.Config) (*forwarder.Forwarder, error) {
+	return m.outbox.NewForwarder(out, logger, cfg)
+}
