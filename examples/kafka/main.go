@@ -215,7 +215,8 @@ func run(ctx context.Context, cfg config, withDemo bool) error {
 	if err != nil {
 		return err
 	}
-	retry := middleware.Retry{MaxRetries: 2, InitialInterval: 100 * time.Millisecond, Multiplier: 2, Logger: wmLogger}
+	retry := middleware.Retry{MaxRetries: 2, InitialInterval: 100 * time.Millisecond, Multiplier: 2, Logger: wmLogger,
+		ShouldRetry: idempotency.ShouldRetry} // never retries what cannot succeed (idempotency.Permanent)
 
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wmLogger)
 	if err != nil {
@@ -242,7 +243,7 @@ func run(ctx context.Context, cfg config, withDemo bool) error {
 	chargeOrder := func(msg *message.Message) error {
 		var order order
 		if err := json.Unmarshal(msg.Payload, &order); err != nil {
-			return err
+			return idempotency.Permanent(err) // no redelivery will parse it: to the poison queue
 		}
 		lease, ok := idempotency.LeaseFromContext(msg.Context())
 		if !ok {
