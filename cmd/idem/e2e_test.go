@@ -139,7 +139,7 @@ func mysqlTable(t *testing.T) (string, *sql.DB) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	require.NoError(t, db.PingContext(ctx), "MariaDB or MySQL at MYSQL_DSN (%s)", redactDSN(mysqlDSN(t)))
+	require.NoError(t, db.PingContext(ctx), "MariaDB or MySQL at MYSQL_DSN (%s)", redactValue("mysql-dsn", mysqlDSN(t)))
 	table := strings.NewReplacer("-", "_", ":", "").Replace(unique("idem_e2e_"))
 	t.Cleanup(func() {
 		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+table+"`")
@@ -568,6 +568,10 @@ func TestIdemErrors(t *testing.T) {
 		{"two SQL stores", []string{"IDEM_PG_URL=" + service(t, "TEST_DATABASE_URL"), "IDEM_MYSQL_DSN=" + mysqlDSN(t)}, []string{"stats"}, "choose the store with --store", ""},
 		{"unknown store", []string{"IDEM_STORE=mongo"}, []string{"stats"}, "--store must be redis, postgres, mysql or dynamodb", ""},
 		{"unknown command", nil, []string{"frobnicate"}, "unknown command", ""},
+		{"redis URL without a scheme", []string{"IDEM_REDIS_URL=127.0.0.1:6379"}, []string{"inspect", "k"}, `--redis-url "127.0.0.1:6379" has no scheme: want a URL such as "redis://127.0.0.1:6379"`, ""},
+		{"postgres URL without a scheme", []string{"IDEM_PG_URL=db.internal:5432/app"}, []string{"stats"}, `--pg-url "db.internal:5432/app" has no scheme: want a URL such as "postgres://db.internal:5432/app"`, ""},
+		{"mysql DSN as a URL", []string{"IDEM_MYSQL_DSN=mysql://app@db.internal:3306/shop"}, []string{"stats"}, `here "app@tcp(db.internal:3306)/shop"`, ""},
+		{"dynamodb endpoint without a scheme", dynamo("IDEM_DYNAMO_ENDPOINT=127.0.0.1:8000"), []string{"stats"}, `--dynamo-endpoint "127.0.0.1:8000" has no scheme: want a URL such as "http://127.0.0.1:8000"`, ""},
 		{"bad output", nil, []string{"stats", "-o", "yaml"}, "-o must be table or json", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -125,7 +125,15 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return exitError
 }
 
-func runCommand(cmd *command, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+// runCommand runs cmd with its arguments. The error it returns, printed as
+// idem's one line, holds no secret of the flags or the environment.
+func runCommand(cmd *command, args []string, stdin io.Reader, stdout, stderr io.Writer) (err error) {
+	var g *globals
+	defer func() {
+		if err != nil {
+			err = scrubbedError{err, g.secrets()}
+		}
+	}()
 	fs, g, opts, err := newFlagSet(cmd, stderr)
 	if err != nil {
 		return err
