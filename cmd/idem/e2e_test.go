@@ -399,6 +399,14 @@ func testListAndStats(t *testing.T, env []string) {
 		}
 	}
 	require.Equal(t, []string{"page:k0", "page:k1", "page:k2", "page:k3", "page:k4"}, keys)
+	// A namespace mistyped: the counts are zero, and a line on stderr
+	// names the namespaces that have records, read with one page of List
+	// over every namespace.
+	r := idem(t, env, "", "stats", "--namespace", "pag")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "total       0")
+	requireOneLine(t, r.stderr)
+	require.Contains(t, r.stderr, `idem: namespace "pag" has no records (did you mean --namespace page?); the namespaces with records: "charge", "page"`)
 	require.Contains(t, ok(t, env, "list", "--namespace", "page", "--limit", "2"), "more: --cursor")
 	// A cursor no page of the namespace printed is a usage error, not an
 	// empty page.
@@ -503,6 +511,22 @@ func holdInHandler(t *testing.T, ns, uuid string, runs *atomic.Int32, counters *
 	return finish, result
 }
 
+// A Redis prefix given without the colon that ends it finds no record of
+// a namespace: idem says why.
+func TestRedisPrefixWithoutItsColon(t *testing.T) {
+	prefix := unique("idem-prefix-")
+	env := append(noStore, "IDEM_REDIS_URL=redis://"+service(t, "REDIS_ADDR")+"/0", "IDEM_REDIS_PREFIX="+prefix)
+	ok(t, env, "complete", "billing:k1", "--create")
+	r := idem(t, env, "", "stats", "--namespace", "billing", "--redis-prefix", strings.TrimSuffix(prefix, ":"))
+	require.Equal(t, exitOK, r.code, r.stderr)
+	requireOneLine(t, r.stderr)
+	require.Contains(t, r.stderr, `namespace "billing" has no records; the keys found start with a colon (":billing:k1"); --redis-prefix "`+
+		strings.TrimSuffix(prefix, ":")+`" does not end with a colon`)
+	r = idem(t, env, "", "stats", "--redis-prefix", prefix+"other:")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stderr, `has no records under the key prefix "`+prefix+`other:" (--redis-prefix)`)
+}
+
 // The key command needs no store.
 func TestKeyWithoutStore(t *testing.T) {
 	env := []string{"IDEM_REDIS_URL=redis://127.0.0.1:1/0"} // nothing listens there
@@ -578,9 +602,7 @@ func TestIdemErrors(t *testing.T) {
 			r := idem(t, append([]string{"IDEM_STORE=", "IDEM_PG_URL=", "IDEM_REDIS_CLUSTER=", "IDEM_MYSQL_DSN=", "IDEM_DYNAMO_ENDPOINT="}, c.env...), "", c.args...)
 			require.Equal(t, exitError, r.code, r.stdout+r.stderr)
 			require.Contains(t, r.stderr, c.want)
-			if c.name != "unknown command" {
-				requireOneLine(t, r.stderr)
-			}
+			requireOneLine(t, r.stderr)
 			if c.hide != "" {
 				require.NotContains(t, r.stdout+r.stderr, c.hide)
 			}
