@@ -56,9 +56,11 @@ up: ## Run an example and its services with docker compose; fails if its check f
 down: ## Stop and remove an example's docker compose services (EXAMPLE=redis, sqs or outbox)
 	docker compose -f examples/$(EXAMPLE)/docker-compose.yml down -v
 
+# idem version of a build from a clone prints (devel) and the commit: the
+# go command stamps no VCS information into a build in a workspace.
 .PHONY: idem
 idem: ## Build the idem operator command into bin/idem
-	cd cmd/idem && $(GO) build -o ../../bin/idem .
+	cd cmd/idem && $(GO) build -ldflags "-X main.vcsRevision=$$(git rev-parse HEAD) -X main.vcsModified=$$(test -z "$$(git status --porcelain)" && echo false || echo true)" -o ../../bin/idem .
 
 # The modules' tests, longest first; TEST_JOBS of them run at once, each
 # module's output printed whole when it ends.
