@@ -67,9 +67,11 @@ down: ## Stop and remove everything `make up` started for an example, whatever i
 	@test -f $(COMPOSE_FILE) || { echo "no $(COMPOSE_FILE): EXAMPLE is redis, sqs or outbox"; exit 2; }
 	docker compose -f $(COMPOSE_FILE) --profile '*' down --volumes --remove-orphans
 
+# idem version of a build from a clone prints (devel) and the commit: the
+# go command stamps no VCS information into a build in a workspace.
 .PHONY: idem
 idem: ## Build the idem operator command into bin/idem
-	cd cmd/idem && $(GO) build -o ../../bin/idem .
+	cd cmd/idem && $(GO) build -ldflags "-X main.vcsRevision=$$(git rev-parse HEAD) -X main.vcsModified=$$(test -z "$$(git status --porcelain)" && echo false || echo true)" -o ../../bin/idem .
 
 # The modules' tests, longest first; TEST_JOBS of them run at once, each
 # module's output printed whole when it ends.
@@ -155,11 +157,12 @@ bench-core: ## Benchmark the middleware on the in-memory store against Watermill
 	cd tools && GOWORK=off $(GO) tool benchstat $(abspath $(BENCH_DIR))/keyfunc.txt
 
 # The release tool (tools/release) serves every module at the version from
-# a module proxy of its own in a temporary directory: docs/releasing.md.
+# a module proxy of its own in a temporary directory; the version comes
+# from CHANGELOG.md, never from git tags: docs/releasing.md.
 .PHONY: release
-release: ## Prepare release VERSION=vX.Y.Z: set the siblings' requires and go.work to it, tidy against a local proxy, print the commit and tags
-	@if [ -z "$(VERSION)" ]; then echo "usage: make release VERSION=vX.Y.Z"; exit 2; fi
-	cd tools && GOWORK=off $(GO) build -o ../bin/release ./release
+release: ## Prepare release VERSION=vX.Y.Z: move CHANGELOG.md's [Unreleased] to it, set the docs' install lines, the siblings' requires and go.work to it, tidy against a local proxy, print the commit and tags
+	@cd tools && GOWORK=off $(GO) build -o ../bin/release ./release
+	@if [ -z "$(VERSION)" ]; then echo "usage: make release VERSION=vX.Y.Z; CHANGELOG.md names $$(bin/release -next)"; exit 2; fi
 	GO=$(GO) bin/release -version $(VERSION)
 
 .PHONY: tidy
@@ -168,7 +171,7 @@ tidy: ## go mod tidy every module, uncommitted changes included (go mod tidy its
 	GO=$(GO) bin/release -tidy
 
 .PHONY: release-check
-release-check: ## Check HEAD as the next release: tidy and vet (tests included) without the workspace, then go get and go install every module from outside the repository (VERSION to choose it)
+release-check: ## Check HEAD as the next release, at the version CHANGELOG.md names (VERSION to choose another): tidy and vet (tests included) without the workspace, then go get and go install every module from outside the repository
 	cd tools && GOWORK=off $(GO) build -o ../bin/release ./release
 	GO=$(GO) bin/release -check $(if $(VERSION),-version $(VERSION))
 

@@ -116,8 +116,17 @@ var inspectCmd = &command{
 	help: "print each key's record: state, owner, fencing token, time left on the lease, when it is forgotten, stored output",
 	run: func(ctx context.Context, e *env, _ any, args []string) error {
 		if len(args) == 0 {
-			return usageError{errors.New("want at least one KEY")}
+			return argsError{usageError{errors.New("want at least one KEY")}}
 		}
+		if len(args) == 1 {
+			rec, err := e.inspect(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return e.show(rec)
+		}
+		// Each key not found is a line of its own on stderr; the records
+		// found are printed all the same.
 		missing := 0
 		for i, key := range args {
 			rec, err := e.inspect(ctx, key)
@@ -138,7 +147,7 @@ var inspectCmd = &command{
 			}
 		}
 		if missing > 0 {
-			return notFound("", "%d of %d keys not found", missing, len(args))
+			return codedError{code: exitNotFound, err: errReported}
 		}
 		return nil
 	},
@@ -327,6 +336,9 @@ var listCmd = &command{
 		for i, r := range page.Records {
 			views[i] = viewRecord(r, now)
 		}
+		if len(views) == 0 && o.cursor == "" {
+			defer e.explainEmpty(ctx, o.namespace)
+		}
 		if e.g.output == "json" {
 			return printJSON(e.stdout, struct {
 				Records []recordView `json:"records"`
@@ -378,18 +390,23 @@ var statsCmd = &command{
 		if err := exactArgs(args, 0, "no arguments"); err != nil {
 			return err
 		}
-		c, err := e.store.Count(ctx, opts.(*namespaceOpts).namespace)
+		ns := opts.(*namespaceOpts).namespace
+		c, err := e.store.Count(ctx, ns)
 		if err != nil {
 			return err
 		}
 		if e.g.output == "json" {
-			return printJSON(e.stdout, map[string]int64{
+			err = printJSON(e.stdout, map[string]int64{
 				"in_progress": c.InProgress, "expired": c.Expired, "released": c.Released, "completed": c.Completed, "total": c.Total(),
 			})
+		} else {
+			_, err = fmt.Fprintf(e.stdout, "in_progress %d\nexpired     %d\nreleased    %d\ncompleted   %d\ntotal       %d\n",
+				c.InProgress, c.Expired, c.Released, c.Completed, c.Total())
 		}
-		fmt.Fprintf(e.stdout, "in_progress %d\nexpired     %d\nreleased    %d\ncompleted   %d\ntotal       %d\n",
-			c.InProgress, c.Expired, c.Released, c.Completed, c.Total())
-		return nil
+		if err == nil && c.Total() == 0 {
+			e.explainEmpty(ctx, ns)
+		}
+		return err
 	},
 }
 

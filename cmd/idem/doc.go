@@ -12,10 +12,11 @@
 //	idem pg migrate | schema | cleanup [flags] [--batch N]
 //	idem mysql migrate | schema | cleanup [flags] [--batch N]
 //	idem dynamodb migrate [flags] [--ttl on|untouched]
-//	idem version                         the version idem was built from
+//	idem version                         the version idem was built from, or (devel) and the commit
 //
 // The store is chosen with --store redis|postgres|mysql|dynamodb and
-// reached with --redis-url (or --redis-cluster) and --redis-prefix;
+// reached with --redis-url (or --redis-cluster: host:port,..., or a
+// redis:// URL for a user and password) and --redis-prefix;
 // --pg-url, --pg-schema and --pg-table; --mysql-dsn (a go-sql-driver DSN,
 // user:password@tcp(host:3306)/db) and --mysql-table; or --dynamo-table,
 // --dynamo-clock-skew and, for LocalStack or dynalite, --dynamo-endpoint,
@@ -24,7 +25,8 @@
 // environment variable: IDEM_ and its name in capitals, dashes as
 // underscores (--redis-url: IDEM_REDIS_URL). Without --store, idem takes
 // postgres if --pg-url is set, mysql if --mysql-dsn is, else redis.
-// --timeout bounds the whole command, every store call included. -o json
+// --timeout bounds the whole command, every store call included. No
+// output holds a password of these flags or of the AWS environment. -o json
 // prints JSON; release, complete and delete then print an action, one of
 // released, completed, already_completed, deleted, not_found, in_progress,
 // no_lease and changed.

@@ -139,7 +139,7 @@ func mysqlTable(t *testing.T) (string, *sql.DB) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	require.NoError(t, db.PingContext(ctx), "MariaDB or MySQL at MYSQL_DSN (%s)", redactDSN(mysqlDSN(t)))
+	require.NoError(t, db.PingContext(ctx), "MariaDB or MySQL at MYSQL_DSN (%s)", redactValue("mysql-dsn", mysqlDSN(t)))
 	table := strings.NewReplacer("-", "_", ":", "").Replace(unique("idem_e2e_"))
 	t.Cleanup(func() {
 		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+table+"`")
@@ -399,6 +399,14 @@ func testListAndStats(t *testing.T, env []string) {
 		}
 	}
 	require.Equal(t, []string{"page:k0", "page:k1", "page:k2", "page:k3", "page:k4"}, keys)
+	// A namespace mistyped: the counts are zero, and a line on stderr
+	// names the namespaces that have records, read with one page of List
+	// over every namespace.
+	r := idem(t, env, "", "stats", "--namespace", "pag")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "total       0")
+	requireOneLine(t, r.stderr)
+	require.Contains(t, r.stderr, `idem: namespace "pag" has no records (did you mean --namespace page?); the namespaces with records: "charge", "page"`)
 	require.Contains(t, ok(t, env, "list", "--namespace", "page", "--limit", "2"), "more: --cursor")
 	// A cursor no page of the namespace printed is a usage error, not an
 	// empty page.
@@ -503,6 +511,22 @@ func holdInHandler(t *testing.T, ns, uuid string, runs *atomic.Int32, counters *
 	return finish, result
 }
 
+// A Redis prefix given without the colon that ends it finds no record of
+// a namespace: idem says why.
+func TestRedisPrefixWithoutItsColon(t *testing.T) {
+	prefix := unique("idem-prefix-")
+	env := append(noStore, "IDEM_REDIS_URL=redis://"+service(t, "REDIS_ADDR")+"/0", "IDEM_REDIS_PREFIX="+prefix)
+	ok(t, env, "complete", "billing:k1", "--create")
+	r := idem(t, env, "", "stats", "--namespace", "billing", "--redis-prefix", strings.TrimSuffix(prefix, ":"))
+	require.Equal(t, exitOK, r.code, r.stderr)
+	requireOneLine(t, r.stderr)
+	require.Contains(t, r.stderr, `namespace "billing" has no records; the keys found start with a colon (":billing:k1"); --redis-prefix "`+
+		strings.TrimSuffix(prefix, ":")+`" does not end with a colon`)
+	r = idem(t, env, "", "stats", "--redis-prefix", prefix+"other:")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stderr, `has no records under the key prefix "`+prefix+`other:" (--redis-prefix)`)
+}
+
 // The key command needs no store.
 func TestKeyWithoutStore(t *testing.T) {
 	env := []string{"IDEM_REDIS_URL=redis://127.0.0.1:1/0"} // nothing listens there
@@ -568,15 +592,17 @@ func TestIdemErrors(t *testing.T) {
 		{"two SQL stores", []string{"IDEM_PG_URL=" + service(t, "TEST_DATABASE_URL"), "IDEM_MYSQL_DSN=" + mysqlDSN(t)}, []string{"stats"}, "choose the store with --store", ""},
 		{"unknown store", []string{"IDEM_STORE=mongo"}, []string{"stats"}, "--store must be redis, postgres, mysql or dynamodb", ""},
 		{"unknown command", nil, []string{"frobnicate"}, "unknown command", ""},
+		{"redis URL without a scheme", []string{"IDEM_REDIS_URL=127.0.0.1:6379"}, []string{"inspect", "k"}, `--redis-url "127.0.0.1:6379" has no scheme: want a URL such as "redis://127.0.0.1:6379"`, ""},
+		{"postgres URL without a scheme", []string{"IDEM_PG_URL=db.internal:5432/app"}, []string{"stats"}, `--pg-url "db.internal:5432/app" has no scheme: want a URL such as "postgres://db.internal:5432/app"`, ""},
+		{"mysql DSN as a URL", []string{"IDEM_MYSQL_DSN=mysql://app@db.internal:3306/shop"}, []string{"stats"}, `here "app@tcp(db.internal:3306)/shop"`, ""},
+		{"dynamodb endpoint without a scheme", dynamo("IDEM_DYNAMO_ENDPOINT=127.0.0.1:8000"), []string{"stats"}, `--dynamo-endpoint "127.0.0.1:8000" has no scheme: want a URL such as "http://127.0.0.1:8000"`, ""},
 		{"bad output", nil, []string{"stats", "-o", "yaml"}, "-o must be table or json", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := idem(t, append([]string{"IDEM_STORE=", "IDEM_PG_URL=", "IDEM_REDIS_CLUSTER=", "IDEM_MYSQL_DSN=", "IDEM_DYNAMO_ENDPOINT="}, c.env...), "", c.args...)
 			require.Equal(t, exitError, r.code, r.stdout+r.stderr)
 			require.Contains(t, r.stderr, c.want)
-			if c.name != "unknown command" {
-				requireOneLine(t, r.stderr)
-			}
+			requireOneLine(t, r.stderr)
 			if c.hide != "" {
 				require.NotContains(t, r.stdout+r.stderr, c.hide)
 			}

@@ -23,10 +23,6 @@ func envVar(name string) string {
 	return "IDEM_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
-// secrets are the flags whose value may hold a password, which -h must
-// not print when it shows the value a variable gave.
-var secrets = map[string]func(string) string{"redis-url": redactURL, "pg-url": redactURL, "mysql-dsn": redactDSN}
-
 // repeatable is a flag that may be given more than once: its variable
 // holds the values separated by commas. Values from the variable are a
 // default: the first value on the command line replaces them.
@@ -64,10 +60,8 @@ func fromEnv(fs *flag.FlagSet) error {
 		if isRepeatable {
 			r.defaulted()
 		}
-		f.DefValue = f.Value.String()
-		if redact, ok := secrets[f.Name]; ok {
-			f.DefValue = redact(f.DefValue)
-		}
+		// -h shows the value a variable gave, without its secrets.
+		f.DefValue = redactValue(f.Name, f.Value.String())
 	})
 	return errors.Join(errs...)
 }

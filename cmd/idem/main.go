@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -57,6 +58,13 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
+// argsError is a usage error in the number of arguments: runCommand adds
+// how to list the command's arguments to its message.
+type argsError struct{ usage usageError }
+
+func (e argsError) Error() string { return e.usage.Error() }
+func (e argsError) Unwrap() error { return e.usage }
+
 // command is one subcommand.
 type command struct {
 	name, args, help string
@@ -92,32 +100,36 @@ func main() {
 
 // run runs the command line args and returns the exit code.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 		usage(stderr)
-		if len(args) == 0 {
-			return exitError
-		}
 		return exitOK
 	}
 	var cmd *command
-	for _, c := range commands {
-		if c.name == args[0] {
-			cmd = c
+	if len(args) > 0 {
+		for _, c := range commands {
+			if c.name == args[0] {
+				cmd = c
+			}
 		}
 	}
-	if cmd == nil {
-		fmt.Fprintf(stderr, "idem: unknown command %q\n\n", args[0])
-		usage(stderr)
-		return exitError
+	var err error
+	switch {
+	case len(args) == 0:
+		err = usageError{fmt.Errorf("want a command: %s (idem -h says what each does)", commandNames())}
+	case strings.HasPrefix(args[0], "-"):
+		// Not quoted: it may be -flag=VALUE, and VALUE a secret.
+		err = usageError{fmt.Errorf("the command comes first, then its flags: idem COMMAND [flags]; want %s (idem -h says what each does)", commandNames())}
+	case cmd == nil:
+		err = usageError{fmt.Errorf("unknown command %s%s: want %s (idem -h says what each does)", commandWord(args[0]), didYouMean(args[0], commandList()), commandNames())}
+	default:
+		err = runCommand(cmd, args[1:], stdin, stdout, stderr)
 	}
-	err := runCommand(cmd, args[1:], stdin, stdout, stderr)
-	if err == nil {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
+	if !errors.Is(err, errReported) {
+		fmt.Fprintln(stderr, "idem:", oneLine(err.Error()))
 	}
-	fmt.Fprintln(stderr, "idem:", oneLine(err.Error()))
 	var ce codedError
 	if errors.As(err, &ce) {
 		return ce.code
@@ -125,12 +137,48 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return exitError
 }
 
-func runCommand(cmd *command, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+// errReported is a failure whose lines are on stderr already.
+var errReported = errors.New("reported")
+
+// commandWord quotes a word given as a command, unless it is not a word:
+// a URL, say, which may hold a password.
+func commandWord(w string) string {
+	if len(w) > 30 || strings.ContainsFunc(w, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_')
+	}) {
+		return "(not a command name)"
+	}
+	return strconv.Quote(w)
+}
+
+func commandList() []string {
+	names := make([]string, len(commands))
+	for i, c := range commands {
+		names[i] = c.name
+	}
+	return names
+}
+
+// commandNames is "inspect, release, ... or version".
+func commandNames() string {
+	names := commandList()
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+// runCommand runs cmd with its arguments. The error it returns, printed as
+// idem's one line, holds no secret of the flags or the environment.
+func runCommand(cmd *command, args []string, stdin io.Reader, stdout, stderr io.Writer) (err error) {
+	var g *globals
+	defer func() {
+		if err != nil {
+			err = scrubbedError{err, g.secrets()}
+		}
+	}()
 	fs, g, opts, err := newFlagSet(cmd, stderr)
 	if err != nil {
 		return err
 	}
-	if err := fs.Parse(interleaved(fs, args)); err != nil {
+	if err := parseFlags(fs, cmd, args, stderr); err != nil {
 		return err
 	}
 	if cmd.storeName != "" {
@@ -152,7 +200,129 @@ func runCommand(cmd *command, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	// Every store call of the command ran under ctx: its failure is
 	// described here, once, by what the server did.
-	return g.describe(ctx, cmd.run(ctx, e, opts, fs.Args()))
+	err = g.describe(ctx, cmd.run(ctx, e, opts, fs.Args()))
+	var count argsError
+	if errors.As(err, &count) {
+		return usageError{fmt.Errorf("%w: run idem %s -h for its arguments and flags", count, cmd.name)}
+	}
+	return err
+}
+
+// parseFlags parses args into fs. -h prints cmd's usage; a flag that is
+// not cmd's, or a bad value, is one line that names it and says how to
+// list the flags, rather than the flag package's usage text.
+func parseFlags(fs *flag.FlagSet, cmd *command, args []string, stderr io.Writer) error {
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(interleaved(fs, args))
+	fs.SetOutput(stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		fs.Usage()
+		return err
+	}
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		msg = fmt.Sprintf("idem %s has no flag %s%s", cmd.name, flagSpelling(name), flagHint(fs, cmd, name))
+	} else if arg, ok := strings.CutPrefix(msg, "bad flag syntax: "); ok {
+		// The argument may be -x=VALUE: only its name is shown.
+		name, _, _ := strings.Cut(arg, "=")
+		msg = "bad flag syntax: " + name
+	} else {
+		// "invalid value "x" for flag -limit", "flag needs an argument:
+		// -o": the flag as the docs spell it.
+		msg = flagName.ReplaceAllStringFunc(msg, func(m string) string {
+			i := strings.LastIndexByte(m, '-')
+			return m[:i] + flagSpelling(m[i+1:])
+		})
+	}
+	return usageError{fmt.Errorf("%s: run idem %s -h for its flags", msg, cmd.name)}
+}
+
+// flagName is a flag as the flag package names it in its errors.
+var flagName = regexp.MustCompile(`(for flag|argument:) -[a-z][a-z0-9-]*`)
+
+// flagHint suggests the flag that was meant: -o json for --json, the
+// flag of cmd whose name is closest, or the command that has the flag.
+func flagHint(fs *flag.FlagSet, cmd *command, name string) string {
+	if name = strings.TrimLeft(name, "-"); name == "json" || name == "table" {
+		return " (-o " + name + ")"
+	}
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, flagSpelling(f.Name)) })
+	if hint := didYouMean(flagSpelling(name), names); hint != "" {
+		return hint
+	}
+	var others []string
+	for _, c := range commands {
+		if c == cmd || c.flags == nil {
+			continue
+		}
+		other := flag.NewFlagSet(c.name, flag.ContinueOnError)
+		c.flags(other)
+		if other.Lookup(name) != nil {
+			others = append(others, "idem "+c.name)
+		}
+	}
+	switch len(others) {
+	case 0:
+		return ""
+	case 1:
+		return " (" + others[0] + " takes it)"
+	default:
+		return " (" + strings.Join(others, " and ") + " take it)"
+	}
+}
+
+// flagSpelling is how the docs spell a flag: -o, --namespace.
+func flagSpelling(name string) string {
+	if len(name) == 1 {
+		return "-" + name
+	}
+	return "--" + name
+}
+
+// didYouMean returns " (did you mean X?)" for the candidate closest to
+// word, if one is close enough to be a typo of it.
+func didYouMean(word string, candidates []string) string {
+	if c := closest(word, candidates); c != "" {
+		return fmt.Sprintf(" (did you mean %s?)", c)
+	}
+	return ""
+}
+
+// closest returns the candidate closest to word, if one is close enough
+// to be a typo of it: at most two edits, and a third of its length.
+func closest(word string, candidates []string) string {
+	best, bestDist := "", 3
+	for _, c := range candidates {
+		if d := editDistance(word, c); d < bestDist && d <= max(1, len(c)/3) {
+			best, bestDist = c, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance of a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // newFlagSet returns cmd's flag set: the global flags and the command's
@@ -173,7 +343,7 @@ func newFlagSet(cmd *command, stderr io.Writer) (*flag.FlagSet, *globals, any, e
 		opts = cmd.flags(fs)
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: idem %s [flags] %s\n\n%s\n\nflags:\n", cmd.name, cmd.args, cmd.help)
+		fmt.Fprintf(fs.Output(), "usage: idem %s [flags] %s\n\n%s\n\nflags:\n", cmd.name, cmd.args, cmd.help)
 		fs.PrintDefaults()
 	}
 	if err := fromEnv(fs); err != nil {
@@ -184,7 +354,8 @@ func newFlagSet(cmd *command, stderr io.Writer) (*flag.FlagSet, *globals, any, e
 
 // interleaved moves flags that follow positional arguments before them,
 // so that "idem inspect KEY -o json" works as "idem inspect -o json KEY".
-// Everything after "--" stays positional.
+// Everything after "--" stays positional. A flag that wants a value and
+// ends args is left last, for the flag package to say it lacks one.
 func interleaved(fs *flag.FlagSet, args []string) []string {
 	var flags, positional []string
 	for i := 0; i < len(args); i++ {
@@ -199,7 +370,12 @@ func interleaved(fs *flag.FlagSet, args []string) []string {
 			if strings.Contains(name, "=") {
 				continue
 			}
-			if f := fs.Lookup(name); f != nil && !isBool(f) && i+1 < len(args) {
+			if f := fs.Lookup(name); f != nil && !isBool(f) {
+				if i+1 == len(args) {
+					// Its value is missing: the flag package says so,
+					// rather than take "--" or an argument for it.
+					return flags
+				}
 				flags = append(flags, args[i+1])
 				i++
 			}
@@ -228,7 +404,11 @@ func usage(w io.Writer) {
 // exactArgs checks the number of positional arguments.
 func exactArgs(args []string, n int, what string) error {
 	if len(args) != n {
-		return usageError{fmt.Errorf("want %s, got %d arguments", what, len(args))}
+		got := fmt.Sprintf("%d arguments", len(args))
+		if len(args) == 1 {
+			got = "1 argument"
+		}
+		return argsError{usageError{fmt.Errorf("want %s, got %s", what, got)}}
 	}
 	return nil
 }

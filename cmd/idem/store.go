@@ -10,6 +10,7 @@ import (
 	"log"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -150,13 +151,18 @@ func openRedis(ctx context.Context, g *globals) (operatorStore, func(), error) {
 	// ContextTimeoutEnabled: go-redis's own read and write timeouts (3 s)
 	// would otherwise outlast a shorter --timeout.
 	if g.redisCluster != "" {
-		addrs := strings.Split(g.redisCluster, ",")
-		client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, MaxRetries: 1, ContextTimeoutEnabled: true})
-		g.where = "the Redis Cluster at " + g.redisCluster
-	} else {
-		opts, err := redis.ParseURL(g.redisURL)
+		opts, err := parseRedisCluster(g.redisCluster)
 		if err != nil {
-			return nil, nil, usageError{fmt.Errorf("--redis-url %q: %w", redactURL(g.redisURL), err)}
+			return nil, nil, usageError{err}
+		}
+		opts.MaxRetries = 1
+		opts.ContextTimeoutEnabled = true
+		client = redis.NewClusterClient(opts)
+		g.where = "the Redis Cluster at " + strings.Join(opts.Addrs, ",")
+	} else {
+		opts, err := parseRedisURL(g.redisURL)
+		if err != nil {
+			return nil, nil, usageError{err}
 		}
 		opts.MaxRetries = 1
 		opts.ContextTimeoutEnabled = true
@@ -175,11 +181,72 @@ func openRedis(ctx context.Context, g *globals) (operatorStore, func(), error) {
 	return s, func() { client.Close() }, nil
 }
 
+// quoted is a flag's value as a message shows it: quoted, its secrets
+// replaced.
+func quoted(flagName, value string) string { return strconv.Quote(redactValue(flagName, value)) }
+
+// libraryError is the message of err, an error a client library
+// returned for the value of a secret flag: without the URL a url.Error
+// quotes in full, and with the value's secrets replaced wherever the
+// library quoted them.
+func libraryError(flagName, value string, err error) string {
+	var urlErr *url.Error
+	if errors.As(err, &urlErr) {
+		err = urlErr.Err
+	}
+	return scrub(err.Error(), secretsIn(flagName, value))
+}
+
+// parseRedisURL reads --redis-url as go-redis does; its errors show the
+// URL redacted, and say what a URL without a scheme lacks.
+func parseRedisURL(s string) (*redis.Options, error) {
+	if !strings.Contains(s, "://") {
+		return nil, fmt.Errorf("--redis-url %s has no scheme: want a URL such as %s (rediss:// for TLS, unix:///path/to/socket for a socket)",
+			quoted("redis-url", s), quoted("redis-url", "redis://"+s))
+	}
+	opts, err := redis.ParseURL(s)
+	if err != nil {
+		msg := libraryError("redis-url", s, err)
+		if strings.Contains(msg, "invalid URL scheme") {
+			return nil, fmt.Errorf("--redis-url %s: %s: want redis://, rediss:// (TLS) or unix://", quoted("redis-url", s), msg)
+		}
+		return nil, fmt.Errorf("--redis-url %s: %s", quoted("redis-url", s), msg)
+	}
+	return opts, nil
+}
+
+// parseRedisCluster reads --redis-cluster: addresses, host:port,...; or,
+// for a user and password, a URL as go-redis's ParseClusterURL takes it:
+// redis://user:password@host:port?addr=host2:port2&addr=host3:port3.
+func parseRedisCluster(s string) (*redis.ClusterOptions, error) {
+	if strings.Contains(s, "://") {
+		opts, err := redis.ParseClusterURL(s)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-cluster %s: %s", quoted("redis-cluster", s), libraryError("redis-cluster", s, err))
+		}
+		return opts, nil
+	}
+	var addrs []string
+	for a := range strings.SplitSeq(s, ",") {
+		a = strings.TrimSpace(a)
+		if strings.Contains(a, "@") {
+			return nil, fmt.Errorf("--redis-cluster %s: an address is host:port; give a user and password as a URL: redis://user:password@host:port?addr=host2:port2",
+				quoted("redis-cluster", s))
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil || a == "" {
+			return nil, fmt.Errorf("--redis-cluster %s: want host:port,host:port,... or redis://host:port?addr=host2:port2, got address %s",
+				quoted("redis-cluster", s), quoted("redis-cluster", a))
+		}
+		addrs = append(addrs, a)
+	}
+	return &redis.ClusterOptions{Addrs: addrs}, nil
+}
+
 // newPostgres returns the store the flags name, without connecting.
 func newPostgres(g *globals) (*pgstore.Store, *pgxpool.Pool, *pgxpool.Config, error) {
-	cfg, err := pgxpool.ParseConfig(g.pgURL)
+	cfg, err := parsePgURL(g.pgURL)
 	if err != nil {
-		return nil, nil, nil, usageError{fmt.Errorf("--pg-url %q: %w", redactURL(g.pgURL), err)}
+		return nil, nil, nil, usageError{err}
 	}
 	cfg.MaxConns = 2
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg) // connects only when used
@@ -192,6 +259,33 @@ func newPostgres(g *globals) (*pgstore.Store, *pgxpool.Pool, *pgxpool.Config, er
 		return nil, nil, nil, usageError{err}
 	}
 	return s, pool, cfg, nil
+}
+
+// parsePgURL reads --pg-url as pgx does: a URL, postgres://..., or
+// keyword/value pairs, host=... dbname=.... Its errors show the value
+// redacted, and say what a URL without a scheme lacks.
+func parsePgURL(s string) (*pgxpool.Config, error) {
+	scheme, _, isURL := strings.Cut(s, "://")
+	switch {
+	case !isURL && !strings.Contains(s, "="):
+		return nil, fmt.Errorf("--pg-url %s has no scheme: want a URL such as %s, or keyword/value pairs (host=... dbname=...)",
+			quoted("pg-url", s), quoted("pg-url", "postgres://"+s))
+	case isURL && scheme != "postgres" && scheme != "postgresql":
+		return nil, fmt.Errorf("--pg-url %s: want a postgres:// or postgresql:// URL", quoted("pg-url", s))
+	}
+	cfg, err := pgxpool.ParseConfig(s)
+	if err != nil {
+		// pgx says "cannot parse `<the value, redacted>`: why": the
+		// value is quoted once, as the other flags' errors quote it.
+		msg := libraryError("pg-url", s, err)
+		if rest, ok := strings.CutPrefix(msg, "cannot parse `"); ok {
+			if _, why, ok := strings.Cut(rest, "`: "); ok {
+				msg = why
+			}
+		}
+		return nil, fmt.Errorf("--pg-url %s: %s", quoted("pg-url", s), msg)
+	}
+	return cfg, nil
 }
 
 func openPostgres(ctx context.Context, g *globals, needTable bool) (operatorStore, func(), error) {
@@ -230,16 +324,15 @@ func newMySQL(g *globals, offline bool) (*mysqlstore.Store, *sql.DB, *mysql.Conf
 	switch {
 	case g.mysqlDSN != "":
 		var err error
-		if cfg, err = mysql.ParseDSN(g.mysqlDSN); err != nil {
-			// The driver's errors quote parameters, never the password.
-			return nil, nil, nil, usageError{fmt.Errorf("--mysql-dsn %q: %w", redactDSN(g.mysqlDSN), err)}
+		if cfg, err = parseMySQLDSN(g.mysqlDSN); err != nil {
+			return nil, nil, nil, usageError{err}
 		}
 	case !offline:
 		return nil, nil, nil, usageError{errors.New("--mysql-dsn (IDEM_MYSQL_DSN) is required for the mysql store")}
 	}
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
-		return nil, nil, nil, usageError{fmt.Errorf("--mysql-dsn %q: %w", redactDSN(g.mysqlDSN), err)}
+		return nil, nil, nil, usageError{fmt.Errorf("--mysql-dsn %s: %s", quoted("mysql-dsn", g.mysqlDSN), libraryError("mysql-dsn", g.mysqlDSN, err))}
 	}
 	db := sql.OpenDB(connector) // connects only when used
 	db.SetMaxOpenConns(2)
@@ -249,6 +342,43 @@ func newMySQL(g *globals, offline bool) (*mysqlstore.Store, *sql.DB, *mysql.Conf
 		return nil, nil, nil, usageError{err}
 	}
 	return s, db, cfg, nil
+}
+
+// parseMySQLDSN reads --mysql-dsn as go-sql-driver/mysql does. Its errors
+// show the DSN redacted, and a DSN written as a URL, or with its address
+// outside tcp(...), gets the DSN it should be.
+func parseMySQLDSN(s string) (*mysql.Config, error) {
+	const want = "user:password@tcp(host:3306)/db"
+	if _, rest, isURL := strings.Cut(s, "://"); isURL {
+		return nil, fmt.Errorf("--mysql-dsn %s is a URL: the driver takes a DSN, %s: here %s",
+			quoted("mysql-dsn", s), want, quoted("mysql-dsn", dsnFor(rest)))
+	}
+	cfg, err := mysql.ParseDSN(s)
+	if err == nil {
+		switch cfg.Net {
+		case "tcp", "tcp4", "tcp6", "unix":
+			return cfg, nil
+		}
+		// The driver dials any network a program registered: idem
+		// registers none.
+		err = errors.New("the network is not tcp or unix")
+	}
+	if at := strings.LastIndexByte(s, '@'); at >= 0 && !strings.Contains(s[at:], "(") {
+		// user:password@host:3306/db
+		return nil, fmt.Errorf("--mysql-dsn %s: the address goes in tcp(...): %s", quoted("mysql-dsn", s), quoted("mysql-dsn", dsnFor(s)))
+	}
+	return nil, fmt.Errorf("--mysql-dsn %s: %s (want %s)", quoted("mysql-dsn", s), libraryError("mysql-dsn", s, err), want)
+}
+
+// dsnFor is the DSN of [user[:password]@]host[:port][/db][?params]: its
+// address inside tcp(...).
+func dsnFor(s string) string {
+	user, addr := "", s
+	if at := strings.LastIndexByte(s, '@'); at >= 0 {
+		user, addr = s[:at+1], s[at+1:]
+	}
+	addr, rest, _ := strings.Cut(addr, "/")
+	return user + "tcp(" + addr + ")/" + rest
 }
 
 func openMySQL(ctx context.Context, g *globals, needTable bool) (operatorStore, func(), error) {
@@ -296,29 +426,14 @@ func mysqlTableExists(ctx context.Context, db *sql.DB, g *globals, table string)
 	return nil
 }
 
-// redactDSN hides a go-sql-driver DSN's password: what lies between the
-// first ':' and the last '@' ([user[:password]@][net[(addr)]]/db?params).
-// It may hide more than the password (an '@' in a parameter), never less.
-func redactDSN(dsn string) string {
-	at := strings.LastIndexByte(dsn, '@')
-	if at < 0 {
-		return dsn
-	}
-	colon := strings.IndexByte(dsn[:at], ':')
-	if colon < 0 {
-		return dsn
-	}
-	return dsn[:colon+1] + "xxxxx" + dsn[at:]
-}
-
 func openDynamo(ctx context.Context, g *globals, needTable bool) (operatorStore, func(), error) {
 	where := "DynamoDB"
 	if g.dynamoEndpoint != "" {
-		u, err := url.Parse(g.dynamoEndpoint)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, nil, usageError{fmt.Errorf("--dynamo-endpoint %q: want http://host:port or https://host", redactURL(g.dynamoEndpoint))}
+		u, err := parseDynamoEndpoint(g.dynamoEndpoint)
+		if err != nil {
+			return nil, nil, usageError{err}
 		}
-		where = "DynamoDB at " + u.Redacted()
+		where = "DynamoDB at " + redactValue("dynamo-endpoint", u.String())
 	}
 	cfg, err := config.LoadDefaultConfig(ctx, config.WithLogger(logging.Nop{}))
 	if err != nil {
@@ -356,6 +471,24 @@ func openDynamo(ctx context.Context, g *globals, needTable bool) (operatorStore,
 		}
 	}
 	return s, func() {}, nil
+}
+
+// parseDynamoEndpoint reads --dynamo-endpoint, an http:// or https://
+// URL; its errors show it redacted, and say what one without a scheme
+// lacks.
+func parseDynamoEndpoint(s string) (*url.URL, error) {
+	if !strings.Contains(s, "://") {
+		return nil, fmt.Errorf("--dynamo-endpoint %s has no scheme: want a URL such as %s (https:// for TLS)",
+			quoted("dynamo-endpoint", s), quoted("dynamo-endpoint", "http://"+s))
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("--dynamo-endpoint %s: %s", quoted("dynamo-endpoint", s), libraryError("dynamo-endpoint", s, err))
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--dynamo-endpoint %s: want http://host:port or https://host", quoted("dynamo-endpoint", s))
+	}
+	return u, nil
 }
 
 // storeFailure is a failed store call described for the operator: whether
@@ -452,15 +585,6 @@ func quietLibraries() {
 type silentRedis struct{}
 
 func (silentRedis) Printf(context.Context, string, ...any) {}
-
-// redactURL hides a URL's password.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparsable)"
-	}
-	return u.Redacted()
-}
 
 // printSchema prints the SQL that `idem pg migrate` or `idem mysql
 // migrate` runs, without connecting.

@@ -1,13 +1,17 @@
 // Command release prepares a release of every module of the repository,
 // or checks that one would work:
 //
-//	release -version vX.Y.Z   set every sibling require and go.work to vX.Y.Z,
-//	                          in the working tree, and print the commit and tags
+//	release -version vX.Y.Z   move CHANGELOG.md's [Unreleased] entries to
+//	                          [X.Y.Z], set the documents' install lines, every
+//	                          sibling require and go.work to vX.Y.Z, in the
+//	                          working tree, and print the commit and tags
 //	release -check [-version vX.Y.Z]
 //	                          the same in a copy of HEAD, then vet every
 //	                          module (tests included) without the workspace,
 //	                          and install every module from outside the
-//	                          repository, as a user would
+//	                          repository, as a user would; the version
+//	                          defaults to the one CHANGELOG.md names next
+//	release -next             print the version CHANGELOG.md names next, and why
 //	release -tidy             go mod tidy every module of the working tree,
 //	                          which the go command cannot do in the workspace
 //	                          while the siblings' version is unpublished
@@ -24,6 +28,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path"
@@ -39,23 +44,40 @@ import (
 
 func main() {
 	var o options
-	flag.StringVar(&o.version, "version", "", "the version, vX.Y.Z (with -check: default the version the siblings are required at, or the next minor if that is tagged)")
+	flag.StringVar(&o.version, "version", "", "the version, vX.Y.Z (with -check: default the version CHANGELOG.md names next: release -next)")
 	flag.BoolVar(&o.check, "check", false, "check HEAD in a temporary copy; change nothing")
+	flag.BoolVar(&o.next, "next", false, "print the version CHANGELOG.md (at HEAD) names next, and why")
+	flag.StringVar(&o.date, "date", time.Now().UTC().Format(time.DateOnly), "the release's date in CHANGELOG.md")
 	flag.BoolVar(&o.tidy, "tidy", false, "go mod tidy every module of the working tree, its uncommitted changes included")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory, and print where it is")
 	flag.BoolVar(&verbose, "v", false, "print every command with the time it took")
 	flag.IntVar(&o.jobs, "j", min(runtime.NumCPU(), 4), "modules worked on at once")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: release -version vX.Y.Z\n       release -check [-version vX.Y.Z]\n       release -tidy\n\n")
+		fmt.Fprintf(os.Stderr, "usage: release -version vX.Y.Z\n       release -check [-version vX.Y.Z]\n       release -next\n       release -tidy\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if flag.NArg() > 0 || (!o.check && !o.tidy && o.version == "") || (o.tidy && (o.check || o.version != "")) {
+	modes := 0
+	for _, on := range []bool{o.check, o.tidy, o.next, !o.check && o.version != ""} {
+		if on {
+			modes++
+		}
+	}
+	if flag.NArg() > 0 || modes != 1 || (o.version != "" && (o.tidy || o.next)) {
 		flag.Usage()
 		os.Exit(2)
 	}
+	if _, err := time.Parse(time.DateOnly, o.date); err != nil {
+		fmt.Fprintf(os.Stderr, "release: -date %q: want YYYY-MM-DD\n", o.date)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, o)
+	var err error
+	if o.next {
+		err = printNext(ctx)
+	} else {
+		err = run(ctx, o)
+	}
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "release: FAILED:", err)
@@ -67,8 +89,26 @@ type options struct {
 	version string
 	check   bool
 	tidy    bool
+	next    bool
+	date    string
 	keep    bool
 	jobs    int
+}
+
+// printNext prints the version HEAD's CHANGELOG.md names next, and why.
+func printNext(ctx context.Context) error {
+	git := &runner{env: os.Environ()}
+	data, err := git.run(ctx, "git", ".", "git", "show", "HEAD:CHANGELOG.md")
+	if err != nil {
+		return err
+	}
+	cl, err := parseChangelog([]byte(data))
+	if err != nil {
+		return err
+	}
+	v, why := cl.next()
+	fmt.Printf("%s: %s\n", v, why)
+	return nil
 }
 
 // release is one run's state.
@@ -80,10 +120,14 @@ type release struct {
 	proxy   string // the file module proxy
 	version string
 	ws      *workspace
-	order   [][]*mod
-	head    string    // HEAD's commit hash
-	when    time.Time // HEAD's commit time, for the .info files
-	goenv   map[string]string
+	cl      *changelog
+	// docs are the documents prepare changed: CHANGELOG.md and those
+	// whose install lines it set to the version.
+	docs  []string
+	order [][]*mod
+	head  string    // HEAD's commit hash
+	when  time.Time // HEAD's commit time, for the .info files
+	goenv map[string]string
 }
 
 func run(ctx context.Context, o options) error {
@@ -159,30 +203,31 @@ func run(ctx context.Context, o options) error {
 	if p := r.ws.problems(); len(p) > 0 {
 		return fmt.Errorf("the modules cannot be released as they are:\n%s", indent(strings.Join(p, "\n")))
 	}
-	tagged := func(v string) bool {
-		for _, m := range r.ws.Mods {
-			if slices.Contains(tags, tagName(m.Dir, v)) {
-				return true
-			}
-		}
-		return false
-	}
 	var why string
 	switch {
 	case o.tidy:
 		// The version the siblings are required at, served from this tree.
-		if r.version, why, err = chooseVersion(r.ws, "", func(string) bool { return false }); err != nil {
+		if r.version, err = requiredVersion(r.ws); err != nil {
 			return err
 		}
-	case o.check:
-		if r.version, why, err = chooseVersion(r.ws, o.version, tagged); err != nil {
-			return err
-		}
+		why = "the version the siblings are required at"
 	default:
-		if err := checkVersion(o.version); err != nil {
+		changes, err := os.ReadFile(filepath.Join(r.src, "CHANGELOG.md"))
+		if err != nil {
 			return err
 		}
-		r.version, why = o.version, "given"
+		if r.cl, err = parseChangelog(changes); err != nil {
+			return err
+		}
+		if !o.check && o.version == "" {
+			return errors.New("a release needs its version: -version vX.Y.Z (release -next prints the one CHANGELOG.md names)")
+		}
+		if r.version, why, err = chooseVersion(r.cl, o.version); err != nil {
+			return err
+		}
+		if o.check {
+			break
+		}
 		var exist []string
 		for _, m := range r.ws.Mods {
 			if t := tagName(m.Dir, r.version); slices.Contains(tags, t) {
@@ -268,9 +313,16 @@ func run(ctx context.Context, o options) error {
 }
 
 // prepare sets every sibling require and go.work's replace lines to the
-// version in the copy, then tidies, zips and serves the modules in
-// dependency order.
+// version in the copy, and, for a release or its check, moves
+// CHANGELOG.md's unreleased entries to the version's section and sets
+// the documents' install lines to it; then it tidies, zips and serves the
+// modules in dependency order.
 func (r *release) prepare(ctx context.Context) error {
+	if r.cl != nil {
+		if err := r.prepareDocs(); err != nil {
+			return err
+		}
+	}
 	for _, m := range r.ws.Mods {
 		name := filepath.Join(r.src, filepath.FromSlash(m.Dir), "go.mod")
 		data, err := rewriteGoMod(path.Join(m.Dir, "go.mod"), m.Data, r.ws.isSibling, r.version)
@@ -367,14 +419,53 @@ func readOptional(name string) ([]byte, error) {
 	return data, err
 }
 
-// writeBack copies the changed go.mod, go.sum and go.work files into the
-// working tree and prints the commit and the tags to make.
+// prepareDocs writes the release's CHANGELOG.md into the copy, and sets
+// the install lines of every other Markdown file to the version.
+func (r *release) prepareDocs() error {
+	changes, err := r.cl.release(r.version, r.o.date)
+	if err != nil {
+		return err
+	}
+	root := r.ws.rootPath()
+	return filepath.WalkDir(r.src, func(name string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(r.src, name)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		var data, after []byte
+		switch {
+		case rel == "CHANGELOG.md":
+			data, after = r.cl.data, changes
+		case isInstallDoc(rel):
+			if data, err = os.ReadFile(name); err != nil {
+				return err
+			}
+			after = setInstallVersions(data, root, r.version)
+		default:
+			return nil
+		}
+		if bytes.Equal(data, after) {
+			return nil
+		}
+		r.docs = append(r.docs, rel)
+		return os.WriteFile(name, after, 0o644)
+	})
+}
+
+// writeBack copies the changed go.mod, go.sum and go.work files, and the
+// documents prepare changed, into the working tree and prints the commit
+// and the tags to make.
 func (r *release) writeBack() error {
 	var names []string
 	for _, m := range r.ws.Mods {
 		names = append(names, path.Join(m.Dir, "go.mod"), path.Join(m.Dir, "go.sum"))
 	}
 	names = append(names, "go.work")
+	names = append(names, r.docs...)
 	var changed []string
 	for _, name := range names {
 		data, err := readOptional(filepath.Join(r.src, filepath.FromSlash(name)))

@@ -151,50 +151,44 @@ func checkVersion(v string) error {
 	return nil
 }
 
-// nextMinor returns the version after v's minor line: v0.1.0 -> v0.2.0,
-// v1.4.2 -> v1.5.0.
-func nextMinor(v string) (string, error) {
-	var major, minor, patch int
-	if _, err := fmt.Sscanf(semver.Canonical(v), "v%d.%d.%d", &major, &minor, &patch); err != nil {
-		return "", fmt.Errorf("version %q: %v", v, err)
-	}
-	return fmt.Sprintf("v%d.%d.0", major, minor+1), nil
-}
-
-// chooseVersion is the version a check works at: explicit if given;
-// otherwise the version every sibling require carries, unless it is
-// already tagged, then the next minor.
-func chooseVersion(ws *workspace, explicit string, tagged func(v string) bool) (v, why string, err error) {
-	if explicit != "" {
-		if err := checkVersion(explicit); err != nil {
-			return "", "", err
-		}
-		return explicit, "given", nil
-	}
+// requiredVersion is the version every sibling require carries: the
+// version -tidy serves this tree at.
+func requiredVersion(ws *workspace) (string, error) {
 	req := ws.requiredVersions()
 	if len(req) == 0 {
-		return "", "", errors.New("no module requires a sibling, so there is no version to default to: pass -version")
+		return "", errors.New("no module requires a sibling, so there is no version to serve them at")
 	}
 	if len(req) > 1 {
 		var lines []string
 		for _, v := range slices.Sorted(maps.Keys(req)) {
 			lines = append(lines, fmt.Sprintf("  %s: %s", v, strings.Join(req[v], ", ")))
 		}
-		return "", "", fmt.Errorf("the siblings are required at different versions; they must agree (or pass -version):\n%s", strings.Join(lines, "\n"))
+		return "", fmt.Errorf("the siblings are required at different versions; they must agree:\n%s", strings.Join(lines, "\n"))
 	}
+	var v string
 	for v = range req {
 	}
 	if err := checkVersion(v); err != nil {
-		return "", "", fmt.Errorf("siblings are required at %s: %w", v, err)
+		return "", fmt.Errorf("siblings are required at %s: %w", v, err)
 	}
-	if !tagged(v) {
-		return v, "the version the siblings are required at", nil
+	return v, nil
+}
+
+// chooseVersion is the version a check or a release works at: explicit
+// if given, else the one CHANGELOG.md names next. Either must be one
+// CHANGELOG.md allows (changelog.checkRelease).
+func chooseVersion(cl *changelog, explicit string) (v, why string, err error) {
+	v, why = cl.next()
+	if explicit != "" {
+		if err := checkVersion(explicit); err != nil {
+			return "", "", err
+		}
+		v, why = explicit, "given"
 	}
-	next, err := nextMinor(v)
-	if err != nil {
+	if err := cl.checkRelease(v); err != nil {
 		return "", "", err
 	}
-	return next, fmt.Sprintf("%s, the version the siblings are required at, is tagged already: the next minor", v), nil
+	return v, why, nil
 }
 
 // layers orders the modules by their sibling requires: every module comes

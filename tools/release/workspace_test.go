@@ -45,67 +45,25 @@ func threeMods(v string) map[string]string {
 	}
 }
 
-func TestChooseVersion(t *testing.T) {
-	none := func(string) bool { return false }
-	only := func(tags ...string) func(string) bool {
-		return func(v string) bool { return slices.Contains(tags, v) }
+// -tidy serves the tree at the version every sibling require carries.
+func TestRequiredVersion(t *testing.T) {
+	if v, err := requiredVersion(testWorkspace(t, threeWork, threeMods("v0.1.0"))); err != nil || v != "v0.1.0" {
+		t.Fatalf("got %q, %v; want v0.1.0", v, err)
 	}
-	ws := testWorkspace(t, threeWork, threeMods("v0.1.0"))
-	for _, tc := range []struct {
-		name     string
-		explicit string
-		tagged   func(string) bool
-		want     string
-		wantErr  string
-	}{
-		{"required version, untagged", "", none, "v0.1.0", ""},
-		{"required version tagged: next minor", "", only("v0.1.0"), "v0.2.0", ""},
-		{"another version tagged", "", only("v0.0.9"), "v0.1.0", ""},
-		{"explicit wins over the requires", "v0.4.2", only("v0.1.0"), "v0.4.2", ""},
-		{"explicit prerelease", "v0.2.0-rc.1", none, "v0.2.0-rc.1", ""},
-		{"explicit not canonical", "v0.2", none, "", "full semantic version"},
-		{"explicit with build metadata", "v0.2.0+meta", none, "", "full semantic version"},
-		{"explicit major 2", "v2.0.0", none, "", "/v2 module paths"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, _, err := chooseVersion(ws, tc.explicit, tc.tagged)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("got %q, %v; want an error with %q", got, err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil || got != tc.want {
-				t.Fatalf("got %q, %v; want %q", got, err, tc.want)
-			}
-		})
-	}
-
 	t.Run("siblings disagree", func(t *testing.T) {
 		mods := threeMods("v0.1.0")
 		mods["cmd/idem"] = strings.Replace(mods["cmd/idem"], "/backends/mysqlstore v0.1.0", "/backends/mysqlstore v0.3.0", 1)
-		_, _, err := chooseVersion(testWorkspace(t, threeWork, mods), "", none)
+		_, err := requiredVersion(testWorkspace(t, threeWork, mods))
 		if err == nil || !strings.Contains(err.Error(), "v0.1.0") || !strings.Contains(err.Error(), "v0.3.0: cmd/idem/go.mod: "+root+"/backends/mysqlstore") {
 			t.Fatalf("want an error naming both versions and where, got %v", err)
 		}
 	})
 	t.Run("no sibling required", func(t *testing.T) {
 		ws := testWorkspace(t, "go 1.26.0\nuse .\n", map[string]string{".": "module " + root + "\n"})
-		if _, _, err := chooseVersion(ws, "", none); err == nil {
+		if _, err := requiredVersion(ws); err == nil {
 			t.Fatal("want an error")
 		}
-		if v, _, err := chooseVersion(ws, "v0.1.0", none); err != nil || v != "v0.1.0" {
-			t.Fatalf("explicit: got %q, %v", v, err)
-		}
 	})
-}
-
-func TestNextMinor(t *testing.T) {
-	for in, want := range map[string]string{"v0.1.0": "v0.2.0", "v0.1.7": "v0.2.0", "v1.9.3": "v1.10.0", "v0.2.0-rc.1": "v0.3.0"} {
-		if got, err := nextMinor(in); err != nil || got != want {
-			t.Errorf("nextMinor(%s) = %q, %v; want %s", in, got, err, want)
-		}
-	}
 }
 
 func TestTagName(t *testing.T) {
