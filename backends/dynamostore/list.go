@@ -38,7 +38,7 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 	now := s.now().UnixMilli()
 	err := s.scan(ctx, storekit.ListPrefix(namespace), func(it item) {
 		if st, ok := s.judge(it, now); ok {
-			storekit.AddCount(&c, st)
+			storekit.AddCount(&c, st, time.Time{})
 		}
 	})
 	return c, err

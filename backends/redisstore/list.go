@@ -86,7 +86,7 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 				continue // gone since the scan
 			}
 			if st, ok := countedState(vals); ok {
-				storekit.AddCount(&c, st)
+				storekit.AddCount(&c, st, time.Time{})
 			}
 		}
 	}
