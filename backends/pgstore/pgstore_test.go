@@ -130,7 +130,7 @@ func TestMigrateOnCurrentSchemaTakesNoLock(t *testing.T) {
 
 	// One that an earlier release created, with another body, gets this
 	// version's, again without the table's lock.
-	function := pgstore.AcquireFunction(s) + `(bytea,text,bigint,bigint,bytea)`
+	function := pgstore.AcquireFunction(s) + `(bytea,text,bigint,bigint,bytea,text)`
 	body := func() (src string) {
 		require.NoError(t, pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1)`, function).Scan(&src))
 		return src
