@@ -77,11 +77,11 @@ func TestDuplicateAcquireWritesNothing(t *testing.T) {
 		wg.Go(func() {
 			for i := range 20 {
 				owner := fmt.Sprintf("dup-%d-%d", g, i)
-				res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "done", Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour})
+				res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "done", Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour, Origin: owner})
 				assert.NoError(t, err)
 				assert.Equal(t, backends.Completed, res.Status)
 				assert.Equal(t, []byte("out"), res.Output)
-				res, err = s.Acquire(ctx, backends.AcquireRequest{Key: "held", Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour})
+				res, err = s.Acquire(ctx, backends.AcquireRequest{Key: "held", Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour, Origin: owner})
 				assert.NoError(t, err)
 				assert.Equal(t, backends.InProgress, res.Status)
 				assert.Positive(t, res.Remaining)
