@@ -291,7 +291,9 @@ func TestItemsOf010(t *testing.T) {
 	api := sv.client(nil)
 	s := newStore(t, api, dynamostore.Options{})
 	now := time.Now().UnixMilli()
-	n := func(v int64) types.AttributeValue { return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)} }
+	n := func(v int64) types.AttributeValue {
+		return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
+	}
 	item := func(key string, state int64) map[string]types.AttributeValue {
 		return map[string]types.AttributeValue{
 			"id": &types.AttributeValueMemberB{Value: []byte(key)}, "state": n(state),
