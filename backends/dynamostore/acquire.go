@@ -42,21 +42,49 @@ const (
 )
 
 // write is the UpdateItem of way w; fp and origin tell whether the
-// request has a fingerprint and an origin. A new lease gets the
-// request's origin (or none) and acquisition time; the owner's own keeps
-// those it had.
+// request has a fingerprint and an origin. The expressions are built once.
 func (w way) write(fp, origin bool) (set, cond string) {
+	e := writes[w][b2i(fp)][b2i(origin)]
+	return e.set, e.cond
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// writes holds the UpdateItem of each way, with and without a
+// fingerprint, with and without an origin.
+var writes = func() (out [reentrant + 1][2][2]struct{ set, cond string }) {
+	for w := fresh; w <= reentrant; w++ {
+		for fp := range 2 {
+			for origin := range 2 {
+				e := &out[w][fp][origin]
+				e.set, e.cond = w.build(fp == 1, origin == 1)
+			}
+		}
+	}
+	return out
+}()
+
+// build makes the UpdateItem of way w. A new lease gets the request's
+// origin (or none) and acquisition time (common); the owner's own keeps
+// those it had.
+func (w way) build(fp, origin bool) (set, cond string) {
 	var remove []string
+	originSet := ""
 	if w != reentrant {
 		if origin {
-			set = `, #origin = :origin`
+			originSet = `, #origin = :origin`
 		} else {
 			remove = append(remove, `#origin`)
 		}
 	}
 	switch w {
 	case fresh:
-		set = `SET ` + common + `, #token = if_not_exists(#token, :zero) + :one, #attempt = :one` + set
+		set = `SET ` + common + `, #token = if_not_exists(#token, :zero) + :one, #attempt = :one` + originSet
 		cond = `attribute_not_exists(#id) OR #forget <= :old`
 		remove = append(remove, `#output`, `#completed`)
 		if fp {
@@ -66,9 +94,9 @@ func (w way) write(fp, origin bool) (set, cond string) {
 		}
 		fp = false // set, not adopted
 	case afterRelease:
-		set, cond = `SET `+common+next+set, `#forget > :old AND #state = :two`
+		set, cond = `SET `+common+next+originSet, `#forget > :old AND #state = :two`
 	case takeover:
-		set, cond = `SET `+common+next+set, `#forget > :old AND #state = :one AND #lease <= :old AND #owner <> :owner`
+		set, cond = `SET `+common+next+originSet, `#forget > :old AND #state = :one AND #lease <= :old AND #owner <> :owner`
 	case reentrant:
 		set, cond = `SET #lease = :lease, #retention = :retention, #forget = :forget, #ttl = :ttl, #ttl_after = :ttl_after`,
 			`#forget > :old AND #state = :one AND #owner = :owner`
