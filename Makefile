@@ -98,7 +98,7 @@ test-stress: bin/testenv ## Run the storm and fault tests 3 times while CPU hogs
 	@$(TESTENV) -- env GO=$(GO) TEST_FLAGS="$(TEST_FLAGS)" .ci/stress
 
 .PHONY: bench
-bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-wake bench-e2e bench-outbox ## Run every benchmark and print it against its baselines
+bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-record bench-wake bench-e2e bench-outbox ## Run every benchmark and print it against its baselines
 
 # The benchmarks run against private servers, as the tests do, unless you
 # name yours (TEST_DATABASE_URL, MYSQL_DSN, DYNAMODB_ENDPOINT, REDIS_ADDR).
@@ -118,6 +118,11 @@ bench-mysql: bin/testenv ## Benchmark the MySQL store against its own statements
 bench-dynamo: bin/testenv ## Benchmark the DynamoDB store against raw conditional PutItems (private dynalite, or DYNAMODB_ENDPOINT)
 	@mkdir -p $(BENCH_DIR)
 	@$(BENCH_ENV) dynamodb -- sh -c 'cd benchmarks && $(GO) run ./dynamobench -endpoint "$$DYNAMODB_ENDPOINT"' | tee $(BENCH_DIR)/dynamo.txt
+
+.PHONY: bench-record
+bench-record: bin/testenv ## The bytes one record takes in each store: Redis MEMORY USAGE, Postgres and MariaDB per row, DynamoDB's item size (private servers, or REDIS_ADDR, TEST_DATABASE_URL, MYSQL_DSN, DYNAMODB_ENDPOINT)
+	@mkdir -p $(BENCH_DIR)
+	@$(BENCH_ENV) redis,postgres,mariadb,dynamodb -- sh -c 'cd benchmarks && $(GO) run ./recordsize -redis "$$REDIS_ADDR" -pg "$$TEST_DATABASE_URL" -mysql "$$MYSQL_DSN" -dynamo "$$DYNAMODB_ENDPOINT"' | tee $(BENCH_DIR)/record.txt
 
 .PHONY: bench-wake
 bench-wake: bin/testenv ## Time from a holder's completion to its waiting duplicate's ack, polled and watched, on Redis and Postgres (private, or REDIS_ADDR, TEST_DATABASE_URL)

@@ -292,8 +292,10 @@ type Record struct {
 	// long a key in progress has been held, and by whom.
 	AcquiredAt time.Time
 	// LeaseExpiresAt is when the current or last lease expires or
-	// expired. For StateCompleted it is CompletedAt: the lease ended with
-	// the completion, on every store.
+	// expired, or when it ended early: for StateCompleted it is
+	// CompletedAt, and for StateReleased when it was released. So every
+	// store gives the same answer, and ExpiresAt is one retention after
+	// it for a released record.
 	LeaseExpiresAt time.Time
 	// CompletedAt is set for StateCompleted.
 	CompletedAt time.Time

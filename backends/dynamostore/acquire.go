@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -32,34 +33,79 @@ const (
 )
 
 const (
-	// common sets a lease's owner and times.
-	common = `#state = :one, #owner = :owner, #lease = :lease, #retention = :retention, #forget = :forget, #ttl = :ttl, #ttl_after = :ttl_after`
+	// common sets a new lease's owner and times.
+	common = `#state = :one, #owner = :owner, #acquired = :now, #lease = :lease, #retention = :retention, #forget = :forget, #ttl = :ttl, #ttl_after = :ttl_after`
 	// next counts an acquisition of a live record.
 	next = `, #token = #token + :one, #attempt = #attempt + :one`
 	// adoptFP keeps a record's fingerprint, or adopts the request's.
 	adoptFP = `, #fp = if_not_exists(#fp, :fp)`
 )
 
-// write is the UpdateItem of way w; fp tells whether the request has a
-// fingerprint.
-func (w way) write(fp bool) (set, cond string) {
+// write is the UpdateItem of way w; fp and origin tell whether the
+// request has a fingerprint and an origin. The expressions are built once.
+func (w way) write(fp, origin bool) (set, cond string) {
+	e := writes[w][b2i(fp)][b2i(origin)]
+	return e.set, e.cond
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// writes holds the UpdateItem of each way, with and without a
+// fingerprint, with and without an origin.
+var writes = func() (out [reentrant + 1][2][2]struct{ set, cond string }) {
+	for w := fresh; w <= reentrant; w++ {
+		for fp := range 2 {
+			for origin := range 2 {
+				e := &out[w][fp][origin]
+				e.set, e.cond = w.build(fp == 1, origin == 1)
+			}
+		}
+	}
+	return out
+}()
+
+// build makes the UpdateItem of way w. A new lease gets the request's
+// origin (or none) and acquisition time (common); the owner's own keeps
+// those it had.
+func (w way) build(fp, origin bool) (set, cond string) {
+	var remove []string
+	originSet := ""
+	if w != reentrant {
+		if origin {
+			originSet = `, #origin = :origin`
+		} else {
+			remove = append(remove, `#origin`)
+		}
+	}
 	switch w {
 	case fresh:
-		set = `SET ` + common + `, #token = if_not_exists(#token, :zero) + :one, #attempt = :one`
+		set = `SET ` + common + `, #token = if_not_exists(#token, :zero) + :one, #attempt = :one` + originSet
+		cond = `attribute_not_exists(#id) OR #forget <= :old`
+		remove = append(remove, `#output`, `#completed`)
 		if fp {
-			return set + `, #fp = :fp REMOVE #output, #completed`, `attribute_not_exists(#id) OR #forget <= :old`
+			set += `, #fp = :fp`
+		} else {
+			remove = append(remove, `#fp`)
 		}
-		return set + ` REMOVE #output, #completed, #fp`, `attribute_not_exists(#id) OR #forget <= :old`
+		fp = false // set, not adopted
 	case afterRelease:
-		set, cond = `SET `+common+next, `#forget > :old AND #state = :two`
+		set, cond = `SET `+common+next+originSet, `#forget > :old AND #state = :two`
 	case takeover:
-		set, cond = `SET `+common+next, `#forget > :old AND #state = :one AND #lease <= :old AND #owner <> :owner`
+		set, cond = `SET `+common+next+originSet, `#forget > :old AND #state = :one AND #lease <= :old AND #owner <> :owner`
 	case reentrant:
 		set, cond = `SET #lease = :lease, #retention = :retention, #forget = :forget, #ttl = :ttl, #ttl_after = :ttl_after`,
 			`#forget > :old AND #state = :one AND #owner = :owner`
 	}
 	if fp {
 		set += adoptFP
+	}
+	if len(remove) > 0 {
+		set += ` REMOVE ` + strings.Join(remove, `, `)
 	}
 	return set, cond
 }
@@ -108,14 +154,17 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 		lease := now + ms(req.LeaseTTL)
 		retention := ms(req.Retention)
 		vals := values(map[string]types.AttributeValue{
-			":owner": str(req.Owner), ":old": num(now - s.skew),
+			":owner": str(req.Owner), ":old": num(now - s.skew), ":now": num(now),
 			":lease": num(lease), ":retention": num(retention), ":forget": num(lease + retention),
 			":ttl": num(seconds(lease+retention+s.skew) + 1), ":ttl_after": num(seconds(retention+s.skew) + 1),
 		})
 		if req.Fingerprint != nil {
 			vals[":fp"] = bin(req.Fingerprint)
 		}
-		set, cond := w.write(req.Fingerprint != nil)
+		if req.Origin != "" {
+			vals[":origin"] = str(req.Origin)
+		}
+		set, cond := w.write(req.Fingerprint != nil, req.Origin != "")
 		out, err := s.update(ctx, req.Key, set, cond, vals, types.ReturnValueAllNew)
 		if err == nil {
 			return s.acquired(req, w, out.Attributes)

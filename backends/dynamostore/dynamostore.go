@@ -43,8 +43,8 @@ const (
 	// MaxClockSkew is the largest [Options.ClockSkew].
 	MaxClockSkew = time.Hour
 	// MaxOutputBytes is the longest output Complete stores: a record with
-	// the longest key, owner and fingerprint and this output still fits
-	// DynamoDB's 400 KB item.
+	// the longest key, owner, fingerprint and origin and this output still
+	// fits DynamoDB's 400 KB item.
 	MaxOutputBytes = 392 << 10
 )
 

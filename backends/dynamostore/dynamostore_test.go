@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-idempotency/idempotency/backends"
@@ -277,4 +279,46 @@ func TestClockSkewDelaysTakeoverAndForgetting(t *testing.T) {
 	require.Equal(t, backends.Acquired, again.Status)
 	require.Equal(t, 1, again.Lease.Attempt, "a new record")
 	require.Greater(t, again.Lease.Token, res.Lease.Token, "whose token still counts up")
+}
+
+// Items written by 0.1.0, which kept no origin or acquisition time, read
+// with none: a completed one's lease ends at its completion, as every
+// record's does, and a lease in progress is counted without being the
+// oldest. The items are 0.1.0's, attribute for attribute.
+func TestItemsOf010(t *testing.T) {
+	t.Parallel()
+	sv := startServer(t)
+	api := sv.client(nil)
+	s := newStore(t, api, dynamostore.Options{})
+	now := time.Now().UnixMilli()
+	n := func(v int64) types.AttributeValue {
+		return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
+	}
+	item := func(key string, state int64) map[string]types.AttributeValue {
+		return map[string]types.AttributeValue{
+			"id": &types.AttributeValueMemberB{Value: []byte(key)}, "state": n(state),
+			"owner": &types.AttributeValueMemberS{Value: "old"}, "token": n(1), "attempt": n(1),
+			"lease_ms": n(now + 60_000), "retention_ms": n(3_600_000), "forget_ms": n(now + 3_660_000),
+			"ttl_after_s": n(3602), "ttl": n((now+3_660_000)/1000 + 2),
+		}
+	}
+	done := item("ns:done", 3)
+	done["completed_ms"] = n(now - 1000)
+	for _, it := range []map[string]types.AttributeValue{done, item("ns:held", 1)} {
+		_, err := api.PutItem(ctx(t), &dynamodb.PutItemInput{TableName: aws.String(s.Options().Table), Item: it})
+		require.NoError(t, err)
+	}
+	rec, err := s.Inspect(ctx(t), "ns:done")
+	require.NoError(t, err)
+	require.Equal(t, backends.StateCompleted, rec.State)
+	require.True(t, rec.LeaseExpiresAt.Equal(rec.CompletedAt))
+	require.Empty(t, rec.Origin)
+	require.Zero(t, rec.AcquiredAt)
+	rec, err = s.Inspect(ctx(t), "ns:held")
+	require.NoError(t, err)
+	require.Equal(t, backends.StateInProgress, rec.State)
+	require.Zero(t, rec.AcquiredAt)
+	c, err := s.Count(ctx(t), "ns")
+	require.NoError(t, err)
+	require.Equal(t, backends.Counts{InProgress: 1, Completed: 1}, c)
 }

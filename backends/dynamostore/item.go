@@ -21,8 +21,10 @@ const (
 	attrID        = "id"           // B, the partition key: the key's bytes
 	attrState     = "state"        // N: 1 leased (live or expired by lease_ms), 2 released, 3 completed
 	attrOwner     = "owner"        // S
+	attrOrigin    = "origin"       // S: what acquired the lease (AcquireRequest.Origin); absent for none
 	attrToken     = "token"        // N: the fencing token
 	attrAttempt   = "attempt"      // N
+	attrAcquired  = "acquired_ms"  // N: when the lease was acquired
 	attrLease     = "lease_ms"     // N: when the lease expires
 	attrRetention = "retention_ms" // N
 	attrForget    = "forget_ms"    // N: the record counts as absent from then on
@@ -46,6 +48,7 @@ var names = map[string]string{
 	"#attempt": attrAttempt, "#lease": attrLease, "#retention": attrRetention,
 	"#forget": attrForget, "#completed": attrCompleted, "#fp": attrFinger,
 	"#output": attrOutput, "#ttl_after": attrTTLAfter, "#ttl": attrTTL,
+	"#origin": attrOrigin, "#acquired": attrAcquired,
 }
 
 var placeholder = regexp.MustCompile(`[#:][a-z_]+`)
@@ -127,11 +130,11 @@ func values(more map[string]types.AttributeValue) map[string]types.AttributeValu
 
 // item is a record as stored.
 type item struct {
-	key                                              string
-	state                                            int64
-	owner                                            string
-	token, attempt, lease, retention, forget, doneAt int64
-	fingerprint, output                              []byte
+	key                                                        string
+	state                                                      int64
+	owner, origin                                              string
+	token, attempt, acquired, lease, retention, forget, doneAt int64
+	fingerprint, output                                        []byte
 }
 
 // decode reads an item; attributes it lacks are zero. It fails on an
@@ -148,12 +151,11 @@ func decode(av map[string]types.AttributeValue) (item, error) {
 		case attrState:
 			it.state, err = asInt(v)
 		case attrOwner:
-			s, ok := v.(*types.AttributeValueMemberS)
-			if !ok {
-				err = fmt.Errorf("not a string")
-			} else {
-				it.owner = s.Value
-			}
+			it.owner, err = asString(v)
+		case attrOrigin:
+			it.origin, err = asString(v)
+		case attrAcquired:
+			it.acquired, err = asInt(v)
 		case attrToken:
 			it.token, err = asInt(v)
 		case attrAttempt:
@@ -176,6 +178,14 @@ func decode(av map[string]types.AttributeValue) (item, error) {
 		}
 	}
 	return it, nil
+}
+
+func asString(v types.AttributeValue) (string, error) {
+	s, ok := v.(*types.AttributeValueMemberS)
+	if !ok {
+		return "", fmt.Errorf("not a string")
+	}
+	return s.Value, nil
 }
 
 func asInt(v types.AttributeValue) (int64, error) {
@@ -219,15 +229,30 @@ func (s *Store) judge(it item, now int64) (st backends.State, ok bool) {
 	return 0, false
 }
 
-// record converts an item that counts as present into a Record.
+// record converts an item that counts as present into a Record. A
+// completed lease ended at the completion, a released one at the release,
+// one retention before the record is forgotten.
 func (s *Store) record(it item, st backends.State) backends.Record {
 	rec := backends.Record{
 		Key: it.key, State: st, Owner: it.owner, Token: it.token, Attempt: int(it.attempt),
 		LeaseExpiresAt: time.UnixMilli(it.lease), ExpiresAt: time.UnixMilli(it.forget),
-		Fingerprint: it.fingerprint, Output: it.output,
+		Fingerprint: it.fingerprint, Output: it.output, Origin: it.origin, AcquiredAt: it.acquiredAt(),
 	}
-	if st == backends.StateCompleted {
+	switch st {
+	case backends.StateCompleted:
 		rec.CompletedAt = time.UnixMilli(it.doneAt)
+		rec.LeaseExpiresAt = rec.CompletedAt
+	case backends.StateReleased:
+		rec.LeaseExpiresAt = time.UnixMilli(it.forget - it.retention)
 	}
 	return rec
+}
+
+// acquiredAt is when the item's lease was acquired: zero for an item an
+// earlier release wrote, which did not keep it.
+func (it item) acquiredAt() time.Time {
+	if it.acquired == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(it.acquired)
 }

@@ -38,7 +38,7 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 	now := s.now().UnixMilli()
 	err := s.scan(ctx, storekit.ListPrefix(namespace), func(it item) {
 		if st, ok := s.judge(it, now); ok {
-			storekit.AddCount(&c, st)
+			storekit.AddCount(&c, st, it.acquiredAt())
 		}
 	})
 	return c, err
@@ -60,7 +60,7 @@ func (s *Store) scanKeys(ctx context.Context, prefix string, state backends.Stat
 // scan calls fn with the key, state and times of every item whose key
 // starts with prefix, paging through the whole table.
 func (s *Store) scan(ctx context.Context, prefix string, fn func(item)) error {
-	proj := `#id, #state, #lease, #forget`
+	proj := `#id, #state, #acquired, #lease, #forget`
 	in := &dynamodb.ScanInput{TableName: s.table, ConsistentRead: aws.Bool(true), ProjectionExpression: aws.String(proj)}
 	e := bind(nil, proj)
 	if prefix != "" {

@@ -77,7 +77,7 @@ func TestMissingTableIsRejected(t *testing.T) {
 }
 
 // The largest record the store promises fits DynamoDB's 400 KB item: the
-// longest key, owner and fingerprint with the longest output.
+// longest key, owner, fingerprint and origin with the longest output.
 func TestLargestRecordFits(t *testing.T) {
 	t.Parallel()
 	sv := startServer(t)
@@ -86,7 +86,7 @@ func TestLargestRecordFits(t *testing.T) {
 	fp := bytes.Repeat([]byte{0xfe}, backends.MaxFingerprintBytes)
 	res, err := s.Acquire(ctx(t), backends.AcquireRequest{
 		Key: key, Owner: strings.Repeat("o", backends.MaxOwnerBytes), LeaseTTL: time.Minute,
-		Retention: backends.MaxDuration, Fingerprint: fp,
+		Retention: backends.MaxDuration, Fingerprint: fp, Origin: strings.Repeat("g", backends.MaxOriginBytes),
 	})
 	require.NoError(t, err)
 	out := bytes.Repeat([]byte{0xff}, dynamostore.MaxOutputBytes)

@@ -227,6 +227,7 @@ func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byt
 func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
 	return s.update(ctx, lease, nil, func(r *record, now time.Time) {
 		r.state = stateReleased
+		r.leaseExpires = now // the lease ended with the release
 		r.forgetAt = now.Add(r.retention)
 	})
 }
@@ -337,10 +338,7 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 	for k, r := range s.records {
 		if strings.HasPrefix(k, prefix) && now.Before(r.forgetAt) {
 			rec := r.export(k, now)
-			storekit.AddCount(&c, rec.State)
-			if rec.State == backends.StateInProgress && (c.OldestInProgress.IsZero() || rec.AcquiredAt.Before(c.OldestInProgress)) {
-				c.OldestInProgress = rec.AcquiredAt
-			}
+			storekit.AddCount(&c, rec.State, rec.AcquiredAt)
 		}
 	}
 	return c, nil

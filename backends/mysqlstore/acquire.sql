@@ -14,12 +14,14 @@ makes). Kept out of the SQL sent: the server shows a statement's first
 --   0 a new record (or one past its retention), 1 a takeover of an
 --   expired lease, 2 the owner's own lease again, 3 after a release;
 --   old + 8 until the last assignment: nothing, the row ends as it was.
+-- A new lease (0, 1, 3) gets this call's origin and time; the owner's own
+-- keeps those it had.
 -- The parameters are bound again in the update instead of VALUES(), which
 -- MySQL 8.0.20+ deprecates and whose replacement MariaDB lacks.
 INSERT INTO {{.Table}}
-    (`key`, state, owner, token, attempt, how, lease_expires_us, retention_us, forget_us, fingerprint)
+    (`key`, state, owner, origin, token, attempt, how, acquired_us, lease_expires_us, retention_us, forget_us, fingerprint)
 VALUES
-    (:key, 1, :owner, 1, 1, 0, {{.Now}} + :ttl, :ret, {{.Now}} + :ttl + :ret, :fp)
+    (:key, 1, :owner, :origin, 1, 1, 0, {{.Now}}, {{.Now}} + :ttl, :ret, {{.Now}} + :ttl + :ret, :fp)
 ON DUPLICATE KEY UPDATE
     how              = CASE WHEN {{.Until}} <= {{.Now}} THEN 0
                             WHEN state = 2 THEN 3
@@ -28,6 +30,8 @@ ON DUPLICATE KEY UPDATE
                             ELSE how + 8 END,
     token            = IF(how IN (0, 1, 3), token + 1, token),
     attempt          = CASE how WHEN 0 THEN 1 WHEN 1 THEN attempt + 1 WHEN 3 THEN attempt + 1 ELSE attempt END,
+    origin           = IF(how IN (0, 1, 3), :origin, origin),
+    acquired_us      = IF(how IN (0, 1, 3), {{.Now}}, acquired_us),
     fingerprint      = IF(how = 0, :fp, COALESCE(fingerprint, :fp)),
     completed_us     = IF(how = 0, NULL, completed_us),
     output           = IF(how = 0, NULL, output),

@@ -2,6 +2,7 @@ package mysqlstore
 
 import (
 	"context"
+	"database/sql"
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/storekit"
@@ -51,9 +52,13 @@ func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.Li
 func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, error) {
 	lower, upper := storekit.ListRange(namespace)
 	var c backends.Counts
-	err := s.db.QueryRowContext(ctx, s.sql.count, lower, nullable(upper), nullable(upper)).Scan(&c.InProgress, &c.Expired, &c.Released, &c.Completed)
+	var oldest sql.NullInt64 // NULL without a lease in progress
+	err := s.db.QueryRowContext(ctx, s.sql.count, lower, nullable(upper), nullable(upper)).Scan(&c.InProgress, &c.Expired, &c.Released, &c.Completed, &oldest)
 	if err != nil {
 		return backends.Counts{}, opError("count", err)
+	}
+	if oldest.Valid {
+		c.OldestInProgress = micros(oldest.Int64)
 	}
 	return c, nil
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"regexp"
 	"strings"
 	"sync"
@@ -75,9 +76,10 @@ type Options struct {
 // Store is a [backends.Store] on MySQL or MariaDB (InnoDB). Create it
 // with [New] and call [Store.Migrate] once before use.
 type Store struct {
-	db   *sql.DB
-	opts Options
-	sql  statements
+	db    *sql.DB
+	opts  Options
+	table string // quoted
+	sql   statements
 
 	mu     sync.Mutex
 	flavor Flavor // detected, or opts.Flavor
@@ -181,7 +183,7 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 	}
 	held := "`key` = ? AND owner = ? AND token = ? AND state = 1 AND forget_us > " + now
 	acquire := named(render(acquireSQL))
-	s := &Store{db: db, opts: opts, flavor: opts.Flavor, sql: statements{
+	s := &Store{db: db, opts: opts, table: table, flavor: opts.Flavor, sql: statements{
 		schema:           render(schemaSQL),
 		acquire:          acquire,
 		acquireReturning: acquire.sql + "\nRETURNING " + columnsS,
@@ -194,7 +196,8 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 		list: "SELECT " + recordColumns + " FROM " + table + " WHERE " + until + " > " + now +
 			" AND `key` > ? AND `key` >= ? AND (? IS NULL OR `key` < ?) AND " + stateFilter + " ORDER BY `key` LIMIT ?",
 		count: "SELECT COALESCE(SUM(state = 1 AND lease_expires_us > " + now + "), 0), COALESCE(SUM(state = 1 AND lease_expires_us <= " + now + "), 0)," +
-			" COALESCE(SUM(state = 2), 0), COALESCE(SUM(state = 3), 0) FROM " + table +
+			" COALESCE(SUM(state = 2), 0), COALESCE(SUM(state = 3), 0)," +
+			" MIN(IF(state = 1 AND lease_expires_us > " + now + ", acquired_us, NULL)) FROM " + table +
 			" WHERE " + until + " > " + now + " AND `key` >= ? AND (? IS NULL OR `key` < ?)",
 		deleteLive: "DELETE FROM " + table + " WHERE `key` = ? AND " + until + " > " + now,
 		deleteAny:  "DELETE FROM " + table + " WHERE `key` = ?",
@@ -214,16 +217,28 @@ func (s *Store) PoolSize() int { return s.db.Stats().MaxOpenConnections }
 // Options returns the store's options with defaults applied.
 func (s *Store) Options() Options { return s.opts }
 
-// Schema returns the SQL that Migrate runs, for an external migration
-// tool.
+// Schema returns the SQL that creates the table, for an external
+// migration tool. A table of an earlier release also needs the columns
+// Migrate adds to it; docs/upgrading.md gives the ALTER TABLE.
 func (s *Store) Schema() string {
 	return strings.TrimRight(s.sql.schema, "\n") + ";\n"
 }
 
-// Migrate creates the table if it does not exist. It is idempotent and
-// safe to call from several instances at once: they take a named lock,
-// waiting for it at most a minute, or until ctx's deadline if that is
-// sooner.
+// Migrate creates the table if it does not exist, and adds to a table of
+// an earlier release the columns added since (origin, acquired_us). It
+// is idempotent and safe to call from several instances at once: they
+// take a named lock, waiting for it at most a minute, or until ctx's
+// deadline if that is sooner.
+//
+// The columns are added at the end of the table, which MariaDB 10.3+ and
+// MySQL 8.0.12+ do instantly, rewriting no row; but ALTER TABLE needs the
+// table's metadata lock for a moment, and while it waits for that lock
+// (behind a transaction that holds the table, such as a handler's, open
+// around CompleteTx) every call on the table queues behind it. So Migrate
+// waits for the lock at most a second at a time (lock_wait_timeout, whose
+// least value is a second), and tries again after a pause, for up to a
+// minute (or until ctx is done), before it returns the lock wait timeout
+// as its error.
 func (s *Store) Migrate(ctx context.Context) error {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
@@ -265,7 +280,76 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := conn.ExecContext(ctx, s.sql.schema); err != nil {
 		return opError("migrate", err)
 	}
-	return nil
+	return s.addColumns(ctx, conn)
+}
+
+// addedColumns are the columns added since the table's first release,
+// with their definitions, in the order they are added.
+var addedColumns = [][2]string{
+	{"origin", "VARBINARY(255) NULL"},
+	{"acquired_us", "BIGINT NULL"},
+}
+
+// addColumns adds to the table the addedColumns it lacks, on conn, which
+// holds Migrate's lock. See Migrate for how it waits for the table.
+func (s *Store) addColumns(ctx context.Context, conn *sql.Conn) error {
+	schema, name := sql.NullString{}, s.opts.Table
+	if db, table, ok := strings.Cut(s.opts.Table, "."); ok {
+		schema.String, schema.Valid, name = db, true, table
+	}
+	rows, err := conn.QueryContext(ctx, "SELECT COLUMN_NAME FROM information_schema.COLUMNS"+
+		" WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?", schema, name)
+	if err != nil {
+		return opError("migrate", err)
+	}
+	have := map[string]bool{}
+	for rows.Next() {
+		var c string
+		if err := rows.Scan(&c); err != nil {
+			rows.Close()
+			return opError("migrate", err)
+		}
+		have[strings.ToLower(c)] = true
+	}
+	if err := rows.Err(); err != nil {
+		return opError("migrate", err)
+	}
+	var add []string
+	for _, c := range addedColumns {
+		if !have[c[0]] {
+			add = append(add, "ADD COLUMN "+c[0]+" "+c[1])
+		}
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	if _, err := conn.ExecContext(ctx, "SET SESSION lock_wait_timeout = 1"); err != nil {
+		return opError("migrate", err)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), "SET SESSION lock_wait_timeout = DEFAULT") //nolint:errcheck
+	alter := "ALTER TABLE " + s.table + " " + strings.Join(add, ", ")
+	giveUp := time.Now().Add(migrateLockWait)
+	for try := 0; ; try++ {
+		_, err := conn.ExecContext(ctx, alter)
+		var myErr *mysql.MySQLError
+		if err == nil || !errors.As(err, &myErr) || myErr.Number != errLockWait {
+			if err != nil {
+				return opError("migrate", err)
+			}
+			return nil
+		}
+		pause := rand.N(min(10*time.Millisecond<<try, time.Second)) + time.Millisecond
+		if time.Now().Add(pause).After(giveUp) {
+			return fmt.Errorf("mysqlstore: migrate: the table stayed locked for %v: a transaction holds it: %w", migrateLockWait, err)
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("mysqlstore: migrate: %w", errors.Join(err, ctx.Err()))
+		case <-t.C:
+		}
+	}
 }
 
 // migrateLockWait bounds how long Migrate waits for another instance's
@@ -408,8 +492,13 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	if req.Fingerprint != nil {
 		fp = req.Fingerprint
 	}
+	var origin any
+	if req.Origin != "" {
+		origin = []byte(req.Origin)
+	}
 	args := s.sql.acquire.args(map[string]any{
 		"key": []byte(req.Key), "owner": []byte(req.Owner), "ttl": us(req.LeaseTTL), "ret": us(req.Retention), "fp": fp,
+		"origin": origin,
 	})
 	var row acquired
 	err = retry(ctx, func() error {
@@ -608,28 +697,36 @@ func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
 	return s.held(ctx, s.db, "release", s.sql.release, lease)
 }
 
-// recordColumns are the columns scanRecord reads, in order; the eighth is
-// when the record stops counting.
-const recordColumns = "`key`, state, owner, token, attempt, lease_expires_us, completed_us, " + until + ", fingerprint, output, " + now
+// recordColumns are the columns scanRecord reads, in order: the lease's
+// end is the completion for a completed record and the release for a
+// released one, which is kept for its retention from then; the eighth
+// column is when the record stops counting.
+const recordColumns = "`key`, state, owner, token, attempt," +
+	" CASE state WHEN 3 THEN completed_us WHEN 2 THEN forget_us - retention_us ELSE lease_expires_us END," +
+	" completed_us, " + until + ", fingerprint, output, " + now + ", acquired_us, origin"
 
 type scanner interface{ Scan(dest ...any) error }
 
 // scanRecord reads a row of recordColumns.
 func scanRecord(row scanner) (backends.Record, error) {
 	var (
-		key, owner, fingerprint, output []byte
-		state                           int16
-		attempt                         int32
-		rec                             backends.Record
-		leaseUs, forgetUs, nowUs        int64
-		completedUs                     sql.NullInt64
+		key, owner, fingerprint, output, origin []byte
+		state                                   int16
+		attempt                                 int32
+		rec                                     backends.Record
+		leaseUs, forgetUs, nowUs                int64
+		completedUs, acquiredUs                 sql.NullInt64
 	)
-	if err := row.Scan(&key, &state, &owner, &rec.Token, &attempt, &leaseUs, &completedUs, &forgetUs, &fingerprint, &output, &nowUs); err != nil {
+	if err := row.Scan(&key, &state, &owner, &rec.Token, &attempt, &leaseUs, &completedUs, &forgetUs, &fingerprint, &output, &nowUs,
+		&acquiredUs, &origin); err != nil {
 		return backends.Record{}, err
 	}
-	rec.Key, rec.Owner, rec.Attempt = string(key), string(owner), int(attempt)
+	rec.Key, rec.Owner, rec.Attempt, rec.Origin = string(key), string(owner), int(attempt), string(origin)
 	rec.LeaseExpiresAt, rec.ExpiresAt = micros(leaseUs), micros(forgetUs)
 	rec.Fingerprint, rec.Output = nilIfEmpty(fingerprint), nilIfEmpty(output)
+	if acquiredUs.Valid { // NULL in a row an earlier release wrote
+		rec.AcquiredAt = micros(acquiredUs.Int64)
+	}
 	switch {
 	case state == 3:
 		rec.State = backends.StateCompleted

@@ -103,7 +103,8 @@ func ctx(t testing.TB) context.Context { return t.Context() }
 // hour's retention, and fails the test on an error.
 func acquire(t testing.TB, s backends.Store, key, owner string, ttl time.Duration) backends.AcquireResult {
 	t.Helper()
-	res, err := s.Acquire(t.Context(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: ttl, Retention: time.Hour})
+	res, err := s.Acquire(t.Context(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: ttl, Retention: time.Hour,
+		Origin: "message_uuid=" + owner + " handler=test"})
 	require.NoError(t, err, "acquire %q", key)
 	return res
 }

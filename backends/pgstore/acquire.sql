@@ -4,15 +4,15 @@ schema-qualified name, .Table the table's, .Live the liveness function's;
 the time until which r counts (untilSQL). */ -}}
 {{- define "insert" -}}
 INSERT INTO {{.Table}} AS r
-        (key, state, owner, token, attempt, how, lease_expires_at, retention_us, forget_at, fingerprint)
-    VALUES ($1, 1, $2, 1, 1, 0, now() + $3 * interval '1 microsecond', $4,
+        (key, state, owner, origin, token, attempt, how, acquired_at, lease_expires_at, retention_us, forget_at, fingerprint)
+    VALUES ($1, 1, $2, nullif($6, ''), 1, 1, 0, now(), now() + $3 * interval '1 microsecond', $4,
         now() + ($3 + $4) * interval '1 microsecond', $5)
 {{- end}}
 -- Takes the lease on key $1 for owner $2 (lease TTL $3 µs, retention $4 µs,
--- fingerprint $5), or leaves the record as it is, and returns the record.
--- Acquire calls it: one statement, whose plan only runs what the key's
--- record needs, each step with its own snapshot.
-CREATE OR REPLACE FUNCTION {{.Acquire}}(bytea, text, bigint, bigint, bytea)
+-- fingerprint $5, origin $6), or leaves the record as it is, and returns
+-- the record. Acquire calls it: one statement, whose plan only runs what
+-- the key's record needs, each step with its own snapshot.
+CREATE OR REPLACE FUNCTION {{.Acquire}}(bytea, text, bigint, bigint, bytea, text)
     RETURNS TABLE (state smallint, owner text, token bigint, attempt integer, how smallint,
         lease_expires_at timestamptz, completed_at timestamptz, fingerprint bytea, output bytea, now timestamptz)
     LANGUAGE plpgsql VOLATILE
@@ -49,7 +49,8 @@ BEGIN
     -- row is locked and always returned, so concurrent callers are
     -- serialised on it and each sees the row as the winner left it; a
     -- row the call cannot take is returned as it is. A record without a
-    -- fingerprint adopts the first one given.
+    -- fingerprint adopts the first one given. A new lease gets this
+    -- call's origin and time; the owner's own keeps those it had.
     RETURN QUERY
     {{template "insert" .}}
     ON CONFLICT (key) DO UPDATE SET
@@ -62,6 +63,8 @@ BEGIN
         attempt          = CASE WHEN NOT ({{.Acquirable}}) OR {{.Reentrant}} THEN r.attempt
                                 WHEN {{.Until}} <= now() THEN 1
                                 ELSE r.attempt + 1 END,
+        origin           = CASE WHEN NOT ({{.Acquirable}}) OR {{.Reentrant}} THEN r.origin ELSE excluded.origin END,
+        acquired_at      = CASE WHEN NOT ({{.Acquirable}}) OR {{.Reentrant}} THEN r.acquired_at ELSE excluded.acquired_at END,
         owner            = CASE WHEN {{.Acquirable}} THEN excluded.owner ELSE r.owner END,
         lease_expires_at = CASE WHEN {{.Acquirable}} THEN excluded.lease_expires_at ELSE r.lease_expires_at END,
         retention_us     = CASE WHEN {{.Acquirable}} THEN excluded.retention_us ELSE r.retention_us END,
@@ -73,3 +76,4 @@ BEGIN
     RETURNING r.state, r.owner, r.token, r.attempt, r.how, r.lease_expires_at, r.completed_at, r.fingerprint, r.output, now();
 END
 $acquire$;
+

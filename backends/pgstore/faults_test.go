@@ -18,7 +18,8 @@ import (
 
 func acquire(t *testing.T, s backends.Store, key, owner string) backends.AcquireResult {
 	t.Helper()
-	res, err := s.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour})
+	res, err := s.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour,
+		Origin: "message_uuid=" + owner + " handler=test"})
 	require.NoError(t, err)
 	return res
 }

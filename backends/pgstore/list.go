@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -46,9 +47,13 @@ func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.Li
 func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, error) {
 	lower, upper := storekit.ListRange(namespace)
 	var c backends.Counts
-	err := s.pool.QueryRow(ctx, s.sql.count, lower, upper).Scan(&c.InProgress, &c.Expired, &c.Released, &c.Completed)
+	var oldest *time.Time // NULL without a lease in progress
+	err := s.pool.QueryRow(ctx, s.sql.count, lower, upper).Scan(&c.InProgress, &c.Expired, &c.Released, &c.Completed, &oldest)
 	if err != nil {
 		return backends.Counts{}, opError("count", err)
+	}
+	if oldest != nil {
+		c.OldestInProgress = *oldest
 	}
 	return c, nil
 }

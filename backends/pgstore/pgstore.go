@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"text/template"
 	"time"
@@ -36,6 +37,14 @@ const (
 	indexSuffix   = "_fa"
 	acquireSuffix = "_acquire"
 )
+
+// acquireArgs are the argument types of the acquire function
+// (acquire.sql).
+const acquireArgs = "(bytea,text,bigint,bigint,bytea,text)"
+
+// addedColumns are the columns schema.sql adds to a table of an earlier
+// release, quoted for SQL: Migrate has nothing to do only if each exists.
+const addedColumns = `'waited', 'origin', 'acquired_at'`
 
 // Defaults for [Options].
 const (
@@ -188,16 +197,16 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	s := &Store{pool: pool, opts: opts, poolSize: int(pool.Config().MaxConns), channel: channel, sql: statements{
 		schema:    render(schemaSQL),
 		functions: render(acquireSQL),
-		// Whether the table, its last added column, its index and the
-		// liveness function exist, and whether the acquire function does
-		// with this version's body ($1): then Migrate has nothing to do
-		// and takes no lock.
+		// Whether the table, the columns added since its first release,
+		// its index and the liveness function exist, and whether the
+		// acquire function does with this version's body ($1): then
+		// Migrate has nothing to do and takes no lock.
 		current: `SELECT to_regclass(` + quoteLiteral(pgx.Identifier{opts.Schema, opts.Table + indexSuffix}.Sanitize()) + `) IS NOT NULL
 			AND to_regprocedure(` + quoteLiteral(live+`(timestamptz)`) + `) IS NOT NULL
-			AND EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(` + quoteLiteral(table) + `)
-				AND attname = 'waited' AND NOT attisdropped),
-			coalesce((SELECT prosrc = $1 FROM pg_proc WHERE oid = to_regprocedure(` + quoteLiteral(acquire+`(bytea,text,bigint,bigint,bytea)`) + `)), false)`,
-		acquire: `SELECT * FROM ` + acquire + `($1, $2, $3, $4, $5)`,
+			AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(` + quoteLiteral(table) + `)
+				AND attname IN (` + addedColumns + `) AND NOT attisdropped) = ` + fmt.Sprint(strings.Count(addedColumns, ",")+1) + `,
+			coalesce((SELECT prosrc = $1 FROM pg_proc WHERE oid = to_regprocedure(` + quoteLiteral(acquire+acquireArgs) + `)), false)`,
+		acquire: `SELECT * FROM ` + acquire + `($1, $2, $3, $4, $5, $6)`,
 		renew: `UPDATE ` + table + ` SET lease_expires_at = now() + $4::bigint * interval '1 microsecond',
 			forget_at = now() + ($4::bigint + retention_us) * interval '1 microsecond' WHERE ` + held,
 		// forget_at moves only for a completion after the lease's end.
@@ -211,7 +220,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 			ORDER BY key LIMIT $5`,
 		count: `SELECT count(*) FILTER (WHERE state = 1 AND lease_expires_at > now()),
 				count(*) FILTER (WHERE state = 1 AND lease_expires_at <= now()),
-				count(*) FILTER (WHERE state = 2), count(*) FILTER (WHERE state = 3)
+				count(*) FILTER (WHERE state = 2), count(*) FILTER (WHERE state = 3),
+				min(acquired_at) FILTER (WHERE state = 1 AND lease_expires_at > now())
 			FROM ` + table + ` WHERE ` + until + ` > now() AND key >= $1 AND ($2::bytea IS NULL OR key < $2)`,
 		// The function's answer is not needed here, only its cost.
 		delete: `WITH d AS (DELETE FROM ` + table + ` WHERE key = $1 AND ` + live + `(` + until + `) IS NOT NULL RETURNING ` + until + ` > now() AS live, ` + notified + `)
@@ -237,8 +247,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 func (s *Store) PoolSize() int { return s.poolSize }
 
 // Schema returns the SQL that Migrate runs: the schema, the table and its
-// index, each created if it does not exist, the waited column added to a
-// table created without it, and the functions the store's statements
+// index, each created if it does not exist, the columns added since to a
+// table of an earlier release, and the functions the store's statements
 // call, created or replaced. Give it to an external migration tool
 // instead of calling Migrate, and run it again after an upgrade of this
 // package: a release may add to it (docs/upgrading.md).
@@ -252,14 +262,23 @@ func (s *Store) Options() Options { return s.opts }
 const migrationLockID = 0x1de_0_7e47
 
 // Migrate creates the schema, the table and its index if they do not
-// exist, adds the waited column (see [Store.Watch]) to a table created
-// before it, and creates the table's acquire function, or replaces it if
-// its body is not this version's. It is idempotent and safe to call from
-// several instances at once. On a current schema it only reads the
-// catalog, and takes no lock that would wait for, or hold up, the calls
-// of running instances; on a current table whose acquire function is
-// missing or another version's (as when a release adds or changes it) it
-// only creates or replaces the function, which locks no table.
+// exist, adds the columns added since to a table of an earlier release
+// (waited, origin, acquired_at), and creates the table's acquire
+// function, or replaces it if its body is not this version's. It is
+// idempotent and safe to call from several instances at once. On a
+// current schema it only reads the catalog, and takes no lock that would
+// wait for, or hold up, the calls of running instances; on a current
+// table whose acquire function is missing or another version's (as when
+// a release adds or changes it) it only creates or replaces the
+// function, which locks no table.
+//
+// Adding columns rewrites no row, but takes the table's ACCESS EXCLUSIVE
+// lock for a moment, and while ALTER TABLE waits for that lock (behind a
+// transaction that holds the table, such as a handler's, open around
+// CompleteTx) every call on the table queues behind it. So Migrate waits
+// for a table's lock at most [MigrateLockTimeout] at a time, and tries
+// again after a pause, for up to a minute (or until ctx is done), before
+// it returns the lock timeout as its error.
 func (s *Store) Migrate(ctx context.Context) error {
 	// A current table is left alone: ALTER TABLE and CREATE INDEX lock
 	// the table even when IF NOT EXISTS makes them do nothing, and a
@@ -272,6 +291,40 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if table && functions {
 		return nil
 	}
+	giveUp := time.Now().Add(migrateWait)
+	for try := 0; ; try++ {
+		err := s.migrate(ctx, !table)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != lockNotAvailable {
+			return err
+		}
+		pause := rand.N(min(10*time.Millisecond<<try, time.Second)) + time.Millisecond
+		if time.Now().Add(pause).After(giveUp) {
+			return fmt.Errorf("%w (the table stayed locked for %v: a transaction holds it)", err, migrateWait)
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// MigrateLockTimeout is the longest Migrate waits for a table's lock at
+// a time, and so the longest it holds up the calls that queue behind it.
+const MigrateLockTimeout = 100 * time.Millisecond
+
+// migrateWait bounds how long Migrate tries to take a table's lock.
+const migrateWait = time.Minute
+
+// lockNotAvailable is the SQLSTATE of a lock_timeout.
+const lockNotAvailable = "55P03"
+
+// migrate runs one attempt of Migrate, in one transaction: the schema if
+// the table is not current, and the functions.
+func (s *Store) migrate(ctx context.Context, schema bool) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
@@ -280,7 +333,10 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLockID)); err != nil {
 		return fmt.Errorf("pgstore: migrate: lock: %w", err)
 	}
-	if !table {
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = `+quoteLiteral(fmt.Sprintf("%dms", MigrateLockTimeout.Milliseconds()))); err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	if schema {
 		if _, err := tx.Exec(ctx, s.sql.schema); err != nil {
 			return fmt.Errorf("pgstore: migrate: %w", err)
 		}
@@ -357,7 +413,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	}
 	key := []byte(req.Key)
 	err := s.batcher.do(&call{ctx: ctx, key: key, sql: s.sql.acquire,
-		args: []any{key, req.Owner, us(req.LeaseTTL), us(req.Retention), fingerprintArgs},
+		args: []any{key, req.Owner, us(req.LeaseTTL), us(req.Retention), fingerprintArgs, req.Origin},
 		dest: []any{&state, &owner, &token, &attempt, &how, &leaseExp, &completedAt, &fp, &output, &now}})
 	if err != nil {
 		return backends.AcquireResult{}, opError("acquire", err)
@@ -472,28 +528,39 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 	return rec, nil
 }
 
-// recordColumns are the columns scanRecord reads, in order; the eighth is
-// when the record stops counting.
-var recordColumns = `key, state, owner, token, attempt, lease_expires_at, completed_at, ` + untilSQL("") + `, fingerprint, output, now()`
+// recordColumns are the columns scanRecord reads, in order: the lease's
+// end is the completion for a completed record and the release for a
+// released one, which is kept for its retention from then; the eighth
+// column is when the record stops counting.
+var recordColumns = `key, state, owner, token, attempt,
+	CASE state WHEN 3 THEN completed_at WHEN 2 THEN forget_at - retention_us * interval '1 microsecond' ELSE lease_expires_at END,
+	completed_at, ` + untilSQL("") + `, fingerprint, output, now(), acquired_at, origin`
 
 // scanRecord reads a row of recordColumns.
 func scanRecord(row pgx.Row) (backends.Record, error) {
 	var (
-		key                 []byte
-		state               int16
-		attempt             int32
-		rec                 backends.Record
-		completedAt         *time.Time
-		now                 time.Time
-		fingerprint, output []byte
+		key                     []byte
+		state                   int16
+		attempt                 int32
+		rec                     backends.Record
+		completedAt, acquiredAt *time.Time
+		origin                  *string
+		now                     time.Time
+		fingerprint, output     []byte
 	)
 	if err := row.Scan(&key, &state, &rec.Owner, &rec.Token, &attempt,
-		&rec.LeaseExpiresAt, &completedAt, &rec.ExpiresAt, &fingerprint, &output, &now); err != nil {
+		&rec.LeaseExpiresAt, &completedAt, &rec.ExpiresAt, &fingerprint, &output, &now, &acquiredAt, &origin); err != nil {
 		return backends.Record{}, err
 	}
 	rec.Key = string(key)
 	rec.Attempt = int(attempt)
 	rec.Fingerprint, rec.Output = nilIfEmpty(fingerprint), nilIfEmpty(output)
+	if acquiredAt != nil { // NULL in a row an earlier release wrote
+		rec.AcquiredAt = *acquiredAt
+	}
+	if origin != nil {
+		rec.Origin = *origin
+	}
 	switch {
 	case state == 3:
 		rec.State = backends.StateCompleted

@@ -77,11 +77,11 @@ func TestDuplicateAcquireWritesNothing(t *testing.T) {
 		wg.Go(func() {
 			for i := range 20 {
 				owner := fmt.Sprintf("dup-%d-%d", g, i)
-				res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "done", Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour})
+				res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "done", Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour, Origin: owner})
 				assert.NoError(t, err)
 				assert.Equal(t, backends.Completed, res.Status)
 				assert.Equal(t, []byte("out"), res.Output)
-				res, err = s.Acquire(ctx, backends.AcquireRequest{Key: "held", Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour})
+				res, err = s.Acquire(ctx, backends.AcquireRequest{Key: "held", Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour, Origin: owner})
 				assert.NoError(t, err)
 				assert.Equal(t, backends.InProgress, res.Status)
 				assert.Positive(t, res.Remaining)
@@ -130,7 +130,7 @@ func TestMigrateOnCurrentSchemaTakesNoLock(t *testing.T) {
 
 	// One that an earlier release created, with another body, gets this
 	// version's, again without the table's lock.
-	function := pgstore.AcquireFunction(s) + `(bytea,text,bigint,bigint,bytea)`
+	function := pgstore.AcquireFunction(s) + `(bytea,text,bigint,bigint,bytea,text)`
 	body := func() (src string) {
 		require.NoError(t, pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1)`, function).Scan(&src))
 		return src

@@ -131,7 +131,7 @@ func TestPlansAfterEmptyTableAnalyzed(t *testing.T) {
 			"plans-12",      // released: read, then the upsert
 			"plans-1000000", // fresh: the insert alone
 		} {
-			rows, err := tx.Query(ctx, `SELECT * FROM `+acquire+`($1, $2, $3, $4, NULL)`, []byte(key), "other", int64(60e6), int64(3600e6))
+			rows, err := tx.Query(ctx, `SELECT * FROM `+acquire+`($1, $2, $3, $4, NULL, NULL)`, []byte(key), "other", int64(60e6), int64(3600e6))
 			require.NoError(t, err)
 			rows.Close()
 			require.NoError(t, rows.Err())

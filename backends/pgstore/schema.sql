@@ -9,9 +9,11 @@ CREATE {{.Unlogged}} TABLE IF NOT EXISTS {{.Table}} (
     key              bytea       PRIMARY KEY,
     state            smallint    NOT NULL,           -- 1 leased, 2 released, 3 completed
     owner            text        NOT NULL,
+    origin           text,                           -- what acquired the lease (AcquireRequest.Origin)
     token            bigint      NOT NULL,           -- fencing token
     attempt          integer     NOT NULL,
     how              smallint    NOT NULL DEFAULT 0, -- how the lease was taken: 0 fresh, 1 takeover, 2 re-entrant
+    acquired_at      timestamptz,                    -- when the lease was acquired
     lease_expires_at timestamptz NOT NULL,
     retention_us     bigint      NOT NULL,
     completed_at     timestamptz,
@@ -22,9 +24,13 @@ CREATE {{.Unlogged}} TABLE IF NOT EXISTS {{.Table}} (
 ) WITH (fillfactor = 80);                            -- room on the page for a row's next versions
 {{- /* end snippet */}}
 
--- Tables created before the waited column get it; adding a column with a
--- constant default rewrites nothing.
-ALTER TABLE {{.Table}} ADD COLUMN IF NOT EXISTS waited boolean NOT NULL DEFAULT false;
+-- Tables created by earlier releases get the columns added since; adding
+-- a column without a default, or with a constant one, rewrites nothing.
+-- Their rows keep no origin or acquisition time (NULL).
+ALTER TABLE {{.Table}}
+    ADD COLUMN IF NOT EXISTS waited boolean NOT NULL DEFAULT false,
+    ADD COLUMN IF NOT EXISTS origin text,
+    ADD COLUMN IF NOT EXISTS acquired_at timestamptz;
 
 -- Cleanup deletes the oldest forgotten records first.
 CREATE INDEX IF NOT EXISTS {{.Index}} ON {{.Table}} (forget_at);

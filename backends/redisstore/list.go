@@ -19,8 +19,8 @@ import (
 // record's output: {layout, seconds, microseconds, expiry (ms since the
 // epoch, -1 for none), the record's first bytes} (layout 2), {layout, seconds, microseconds, s,
 // le} for a 0.1.0 hash (layout 1), or false if it has no record. The
-// first 512 bytes of a record hold its state, token, owner, attempt and
-// retention.
+// first 512 bytes of a record hold its state, token, owner, attempt,
+// retention and acquisition time.
 var stateScript = redis.NewScript(`
 local t = redis.call('TIME')
 local kind = redis.call('TYPE', KEYS[1]).ok
@@ -85,36 +85,37 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 			if err != nil || len(vals) != 5 {
 				continue // gone since the scan
 			}
-			if st, ok := countedState(vals); ok {
-				storekit.AddCount(&c, st)
+			if st, acquired, ok := countedState(vals); ok {
+				storekit.AddCount(&c, st, acquired)
 			}
 		}
 	}
 	return c, nil
 }
 
-// countedState reads a reply of stateScript; not ok for a string that is
-// not a record.
-func countedState(vals []any) (backends.State, bool) {
+// countedState reads a reply of stateScript: the record's state and when
+// its lease was acquired (zero for a 0.1.0 hash, which did not keep it);
+// not ok for a string that is not a record.
+func countedState(vals []any) (backends.State, time.Time, bool) {
 	layout, _ := vals[0].(int64)
 	now, ok := serverTime(vals[1], vals[2])
 	if !ok {
-		return 0, false
+		return 0, time.Time{}, false
 	}
 	if layout == 1 {
 		st, _ := vals[3].(string)
 		le, _ := vals[4].(string)
 		leMs, _ := strconv.ParseInt(le, 10, 64)
-		return legacyState(st, time.UnixMilli(leMs), now), true
+		return legacyState(st, time.UnixMilli(leMs), now), time.Time{}, true
 	}
 	at, _ := vals[3].(int64)
 	v, _ := vals[4].(string)
 	rec, err := decodeRecord(v, true)
 	if err != nil {
-		return 0, false
+		return 0, time.Time{}, false
 	}
 	_, st := leaseState(rec, now, at)
-	return st, true
+	return st, rec.acquiredAt(at), true
 }
 
 // inspectMany inspects keys in one pipeline and returns the records that

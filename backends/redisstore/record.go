@@ -11,11 +11,14 @@ import (
 
 // A record is one Redis string (acquire.lua describes the layout):
 //
-//	state token ':' owner '\0' attempt ':' retention ':' len(fp) ':' fp [seconds ':' microseconds ':' output]
+//	state token ':' owner '\0' attempt ':' retention ':' acquired ':' origin '\0' len(fp) ':' fp [seconds ':' microseconds ':' output]
 //
 // The client writes a fresh key's record itself, with one SET NX PX GET;
 // the scripts only ever cut a record at its separators and join the
-// pieces, so no script converts a number on the common path.
+// pieces, so no script converts a number on the common path. acquired is
+// a time (ms since the epoch), empty (unknown: a lease taken over from a
+// 0.1.0 record), or, until the key's expiry first moves, '~' and the
+// lease's TTL: the key's expiry less the retention less that TTL.
 const (
 	statePending   = 'p'
 	stateReleased  = 'r'
@@ -24,33 +27,55 @@ const (
 
 // record is a decoded record.
 type record struct {
-	state       byte
-	token       int64
-	owner       string
-	attempt     int
-	retention   int64 // ms
-	fingerprint []byte
-	completedAt time.Time // completed only
-	output      []byte    // completed only
-	headerOnly  bool      // decoded from a prefix: no fingerprint or output
+	state     byte
+	token     int64
+	owner     string
+	attempt   int
+	retention int64 // ms
+	// acquired is when the lease was acquired, ms since the epoch (0 if
+	// unknown); if acquiredTTL is set instead, the lease's TTL, ms, and
+	// the acquisition was the key's expiry less the retention less that.
+	acquired, acquiredTTL int64
+	origin                string
+	fingerprint           []byte
+	completedAt           time.Time // completed only
+	output                []byte    // completed only
+	headerOnly            bool      // decoded from a prefix: no origin, fingerprint or output
 }
 
 // errNotRecord is the error of a string that is not a record.
 var errNotRecord = errors.New("the key holds a string that is not a record of this store")
 
-// freshRecord is the record of a key's first lease.
-func freshRecord(owner string, retention int64, fp []byte) string {
+// freshRecord is the record of a key's first lease, for SET PX of ttl +
+// retention (ms).
+func freshRecord(owner string, ttl, retention int64, origin string, fp []byte) string {
 	var b strings.Builder
-	b.Grow(len(owner) + len(fp) + 32)
+	b.Grow(len(owner) + len(origin) + len(fp) + 48)
 	b.WriteString("p1:")
 	b.WriteString(owner)
 	b.WriteString("\x001:")
 	b.WriteString(strconv.FormatInt(retention, 10))
+	b.WriteString(":~")
+	b.WriteString(strconv.FormatInt(ttl, 10))
 	b.WriteByte(':')
+	b.WriteString(origin)
+	b.WriteByte(0)
 	b.WriteString(strconv.Itoa(len(fp)))
 	b.WriteByte(':')
 	b.Write(fp)
 	return b.String()
+}
+
+// acquiredAt is when the lease of the record was acquired, for a key that
+// expires at at (ms since the epoch, -1 for never); zero if unknown.
+func (r record) acquiredAt(at int64) time.Time {
+	switch {
+	case r.acquiredTTL > 0 && at >= 0:
+		return time.UnixMilli(at - r.retention - r.acquiredTTL)
+	case r.acquired > 0:
+		return time.UnixMilli(r.acquired)
+	}
+	return time.Time{}
 }
 
 // leaseHeader is the start of the record of the lease l holds: what
@@ -60,7 +85,7 @@ func leaseHeader(l backends.Lease) string {
 }
 
 // decodeRecord decodes v. With headerOnly, v may be cut anywhere after
-// the retention (list.go reads records' first bytes only).
+// the acquired field (list.go reads records' first bytes only).
 func decodeRecord(v string, headerOnly bool) (record, error) {
 	var r record
 	if len(v) < 2 {
@@ -103,9 +128,27 @@ func decodeRecord(v string, headerOnly bool) (record, error) {
 	if r.retention, ok = num(':'); !ok {
 		return r, errNotRecord
 	}
+	acquired, ok := next(':')
+	if !ok {
+		return r, errNotRecord
+	}
+	if a, rel := strings.CutPrefix(acquired, "~"); rel {
+		r.acquiredTTL, _ = strconv.ParseInt(a, 10, 64)
+		if r.acquiredTTL <= 0 {
+			return r, errNotRecord
+		}
+	} else if acquired != "" {
+		var err error
+		if r.acquired, err = strconv.ParseInt(acquired, 10, 64); err != nil {
+			return r, errNotRecord
+		}
+	}
 	if headerOnly {
 		r.headerOnly = true
 		return r, nil
+	}
+	if r.origin, ok = next(0); !ok {
+		return r, errNotRecord
 	}
 	fpLen, ok := num(':')
 	if !ok || fpLen < 0 || fpLen > int64(len(rest)) {

@@ -23,6 +23,8 @@ var (
 )
 
 var (
+	//go:embed acquired.lua
+	acquiredSrc string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed renew.lua
@@ -36,10 +38,10 @@ var (
 	//go:embed delete.lua
 	deleteSrc string
 
-	acquireScript  = redis.NewScript(acquireSrc)
-	renewScript    = redis.NewScript(renewSrc)
-	completeScript = redis.NewScript(completeSrc)
-	releaseScript  = redis.NewScript(releaseSrc)
+	acquireScript  = redis.NewScript(acquiredSrc + acquireSrc)
+	renewScript    = redis.NewScript(acquiredSrc + renewSrc)
+	completeScript = redis.NewScript(acquiredSrc + completeSrc)
+	releaseScript  = redis.NewScript(acquiredSrc + releaseSrc)
 	inspectScript  = redis.NewScript(inspectSrc)
 	deleteScript   = redis.NewScript(deleteSrc)
 )
@@ -158,7 +160,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	key := s.prefix + req.Key
 	ttl, retention := ms(req.LeaseTTL), ms(req.Retention)
 	if !s.noSetGet.Load() {
-		v, err := s.calls.do(ctx, key, "set", key, freshRecord(req.Owner, retention, req.Fingerprint),
+		v, err := s.calls.do(ctx, key, "set", key, freshRecord(req.Owner, ttl, retention, req.Origin, req.Fingerprint),
 			"nx", "px", ttl+retention, "get").Text()
 		switch {
 		case errors.Is(err, redis.Nil): // the key was new: it is ours
@@ -186,7 +188,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 		}
 	}
 	vals, err := s.calls.run(ctx, acquireScript, []string{key},
-		req.Owner, ttl, retention, req.Fingerprint, ttl+retention).Slice()
+		req.Owner, ttl, retention, req.Fingerprint, ttl+retention, req.Origin).Slice()
 	if err != nil {
 		return backends.AcquireResult{}, opError(ctx, "acquire", err)
 	}
@@ -372,7 +374,7 @@ func parseRecord(key string, vals []any) (backends.Record, error) {
 	out := backends.Record{
 		Key: key, Owner: rec.owner, Token: rec.token, Attempt: rec.attempt,
 		Fingerprint: rec.fingerprint, Output: rec.output, ExpiresAt: expires,
-		CompletedAt: rec.completedAt,
+		CompletedAt: rec.completedAt, Origin: rec.origin, AcquiredAt: rec.acquiredAt(at),
 	}
 	out.LeaseExpiresAt, out.State = leaseState(rec, now, at)
 	return out, nil
@@ -382,12 +384,13 @@ func parseRecord(key string, vals []any) (backends.Record, error) {
 // clock, and the record's state, at now, for a key that expires at at (ms
 // since the epoch, -1 for never). The key expires one retention after the
 // lease (while it is held) or after the release or completion, so that
-// moment is the key's expiry less the retention.
+// moment is the key's expiry less the retention; a completed lease ended
+// at the completion, as its record says to the microsecond.
 func leaseState(rec record, now time.Time, at int64) (time.Time, backends.State) {
 	leaseEnd := time.UnixMilli(at - rec.retention)
 	switch {
 	case rec.state == stateCompleted:
-		return leaseEnd, backends.StateCompleted
+		return rec.completedAt, backends.StateCompleted
 	case rec.state == stateReleased:
 		return leaseEnd, backends.StateReleased
 	case at < 0 || leaseEnd.After(now):
@@ -419,8 +422,14 @@ func legacyRecord(key string, f map[string]string, now, expires time.Time) backe
 		ExpiresAt:      expires,
 	}
 	rec.State = legacyState(f["s"], rec.LeaseExpiresAt, now)
-	if rec.State == backends.StateCompleted {
+	switch rec.State {
+	case backends.StateCompleted:
 		rec.CompletedAt = time.UnixMilli(num("ca"))
+		rec.LeaseExpiresAt = rec.CompletedAt
+	case backends.StateReleased:
+		if !expires.IsZero() { // released, the hash expires one retention after the release
+			rec.LeaseExpiresAt = expires.Add(-time.Duration(num("r")) * time.Millisecond)
+		}
 	}
 	return rec
 }

@@ -102,7 +102,8 @@ func TestNewRejectsOtherClients(t *testing.T) {
 
 // One string per key, under the prefix, in the layout docs/redis.md
 // describes; it expires one retention after the lease, then one
-// retention after the completion.
+// retention after the completion. The acquisition time is the lease's
+// TTL, relative to the key's expiry, until a script moves the expiry.
 func TestKeyLayout(t *testing.T) {
 	client := testserver.RedisClient(t)
 	s, err := redisstore.New(client, redisstore.Options{Prefix: "layout-test:"})
@@ -111,27 +112,46 @@ func TestKeyLayout(t *testing.T) {
 	key := testserver.Unique("k")
 	rkey := "layout-test:" + key
 	t.Cleanup(func() { client.Del(context.Background(), rkey) })
+	get := func() string { t.Helper(); return client.Get(ctx, rkey).Val() }
+	// acquired cuts the acquisition time, ms since the epoch, out of the
+	// record v at head and checks it is AcquiredAt.
+	acquired := func(v, head string) (string, time.Time) {
+		t.Helper()
+		require.True(t, strings.HasPrefix(v, head), "%q starts with %q", v, head)
+		ms, rest, _ := strings.Cut(v[len(head):], ":")
+		n, err := strconv.ParseInt(ms, 10, 64)
+		require.NoError(t, err, "%q", v)
+		rec, err := s.Inspect(ctx, key)
+		require.NoError(t, err)
+		require.True(t, time.UnixMilli(n).Equal(rec.AcquiredAt), "acquired %d, Inspect says %v", n, rec.AcquiredAt)
+		return rest, rec.AcquiredAt
+	}
 
-	res, err := s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o", LeaseTTL: 10 * time.Second, Retention: time.Hour, Fingerprint: []byte("f:p")})
+	res, err := s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o", LeaseTTL: 10 * time.Second, Retention: time.Hour,
+		Fingerprint: []byte("f:p"), Origin: "message_uuid=u-1 handler=h"})
 	require.NoError(t, err)
 	require.Equal(t, "string", client.Type(ctx, rkey).Val(), "one string per key, under the prefix")
-	require.Equal(t, "p1:o\x001:3600000:3:f:p", client.Get(ctx, rkey).Val())
+	require.Equal(t, "p1:o\x001:3600000:~10000:message_uuid=u-1 handler=h\x003:f:p", get())
 	ttl := client.PTTL(ctx, rkey).Val()
 	require.Greater(t, ttl, time.Hour, "kept for the lease plus the retention")
 	require.LessOrEqual(t, ttl, time.Hour+10*time.Second)
+	rec, err := s.Inspect(ctx, key)
+	require.NoError(t, err)
+	first := rec.AcquiredAt
 
 	require.NoError(t, s.Release(ctx, res.Lease))
-	require.Equal(t, "r1:o\x001:3600000:3:f:p", client.Get(ctx, rkey).Val())
-	res, err = s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o2", LeaseTTL: 10 * time.Second, Retention: time.Hour})
+	rest, at := acquired(get(), "r1:o\x001:3600000:")
+	require.Equal(t, "message_uuid=u-1 handler=h\x003:f:p", rest)
+	require.True(t, first.Equal(at), "the release wrote the acquisition time it had: %v, was %v", at, first)
+	res, err = s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o2", LeaseTTL: 10 * time.Second, Retention: time.Hour, Origin: "u-2"})
 	require.NoError(t, err)
-	require.Equal(t, "p2:o2\x002:3600000:3:f:p", client.Get(ctx, rkey).Val())
+	require.Equal(t, "p2:o2\x002:3600000:~10000:u-2\x003:f:p", get())
 
 	before := time.Now()
 	require.NoError(t, s.Complete(ctx, res.Lease, []byte("out:put")))
-	v := client.Get(ctx, rkey).Val()
-	head, rest, ok := strings.Cut(v, "f:p")
-	require.True(t, ok, "%q", v)
-	require.Equal(t, "c2:o2\x002:3600000:3:", head)
+	rest, _ = acquired(get(), "c2:o2\x002:3600000:")
+	rest, ok := strings.CutPrefix(rest, "u-2\x003:f:p")
+	require.True(t, ok, "%q", rest)
 	secs, rest, _ := strings.Cut(rest, ":")
 	usecs, out, _ := strings.Cut(rest, ":")
 	require.Equal(t, "out:put", out)
@@ -143,6 +163,31 @@ func TestKeyLayout(t *testing.T) {
 	ttl = client.PTTL(ctx, rkey).Val()
 	require.Greater(t, ttl, 59*time.Minute, "kept for the retention from the completion")
 	require.LessOrEqual(t, ttl, time.Hour)
+
+	// A renewal and a re-entrant Acquire write the time too, once.
+	key2 := testserver.Unique("k")
+	rkey = "layout-test:" + key2
+	key = key2
+	t.Cleanup(func() { client.Del(context.Background(), rkey) })
+	res, err = s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o", LeaseTTL: 10 * time.Second, Retention: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, "p1:o\x001:3600000:~10000:\x000:", get())
+	rec, err = s.Inspect(ctx, key)
+	require.NoError(t, err)
+	first = rec.AcquiredAt
+	require.NoError(t, s.Renew(ctx, res.Lease, 20*time.Second))
+	rest, at = acquired(get(), "p1:o\x001:3600000:")
+	require.Equal(t, "\x000:", rest)
+	require.True(t, first.Equal(at))
+	require.NoError(t, s.Renew(ctx, res.Lease, 20*time.Second))
+	_, at = acquired(get(), "p1:o\x001:3600000:")
+	require.True(t, first.Equal(at))
+	again, err := s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o", LeaseTTL: 30 * time.Second, Retention: 2 * time.Hour, Origin: "ignored"})
+	require.NoError(t, err)
+	require.True(t, again.Reentrant)
+	rest, at = acquired(get(), "p1:o\x001:7200000:")
+	require.Equal(t, "\x000:", rest, "the re-entrant Acquire keeps the origin it first gave")
+	require.True(t, first.Equal(at))
 }
 
 // clientWithHook wraps a real client with a go-redis hook.

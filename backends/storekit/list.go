@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/watermill-idempotency/idempotency/backends"
 )
@@ -128,12 +129,19 @@ func sortedAfter(keys []string, after string) []string {
 	return keys[i:]
 }
 
-// AddCount counts one record in state s into c, for a store that counts
-// records one by one (Lister.Count). A state out of range counts nowhere.
-func AddCount(c *backends.Counts, s backends.State) {
+// AddCount counts one record in state s, acquired at acquiredAt (its
+// Record.AcquiredAt), into c, for a store that counts records one by one
+// (Lister.Count): a record in StateInProgress acquired before
+// c.OldestInProgress, or the first one, becomes the oldest. A zero
+// acquiredAt (a record written before stores kept it) counts but is never
+// the oldest. A state out of range counts nowhere.
+func AddCount(c *backends.Counts, s backends.State, acquiredAt time.Time) {
 	switch s {
 	case backends.StateInProgress:
 		c.InProgress++
+		if !acquiredAt.IsZero() && (c.OldestInProgress.IsZero() || acquiredAt.Before(c.OldestInProgress)) {
+			c.OldestInProgress = acquiredAt
+		}
 	case backends.StateExpired:
 		c.Expired++
 	case backends.StateReleased:

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -148,10 +149,22 @@ func TestPageErrors(t *testing.T) {
 
 func TestAddCount(t *testing.T) {
 	var c backends.Counts
-	for _, s := range []backends.State{backends.StateInProgress, backends.StateExpired, backends.StateExpired,
-		backends.StateReleased, backends.StateCompleted, backends.StateCompleted, backends.StateCompleted, 0, 99} {
-		storekit.AddCount(&c, s)
+	t0 := time.Unix(1_700_000_000, 0)
+	for _, r := range []struct {
+		s  backends.State
+		at time.Time
+	}{
+		{backends.StateInProgress, t0.Add(2 * time.Second)},
+		{backends.StateExpired, t0}, // not in progress: never the oldest
+		{backends.StateExpired, t0},
+		{backends.StateInProgress, time.Time{}}, // acquired before stores kept the time
+		{backends.StateInProgress, t0.Add(time.Second)},
+		{backends.StateInProgress, t0.Add(3 * time.Second)},
+		{backends.StateReleased, t0}, {backends.StateCompleted, t0}, {backends.StateCompleted, t0},
+		{backends.StateCompleted, t0}, {0, t0}, {99, t0},
+	} {
+		storekit.AddCount(&c, r.s, r.at)
 	}
-	require.Equal(t, backends.Counts{InProgress: 1, Expired: 2, Released: 1, Completed: 3}, c)
-	require.EqualValues(t, 7, c.Total())
+	require.Equal(t, backends.Counts{InProgress: 4, Expired: 2, Released: 1, Completed: 3, OldestInProgress: t0.Add(time.Second)}, c)
+	require.EqualValues(t, 10, c.Total())
 }

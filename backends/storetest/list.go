@@ -115,6 +115,9 @@ func testListPagesEveryRecordOnce(t *testing.T, s *suite, l backends.Lister) {
 			require.Equal(t, in.Token, r.Token)
 			require.Equal(t, in.Attempt, r.Attempt)
 			require.Equal(t, in.Output, r.Output)
+			require.Equal(t, in.Origin, r.Origin)
+			require.Equal(t, originOf(r.Owner), r.Origin)
+			require.True(t, in.AcquiredAt.Equal(r.AcquiredAt), "key %q: AcquiredAt", r.Key)
 			require.WithinDuration(t, in.LeaseExpiresAt, r.LeaseExpiresAt, time.Millisecond)
 		}
 	}
@@ -232,18 +235,65 @@ func testListInvalidRequests(t *testing.T, s *suite, l backends.Lister) {
 	}
 }
 
+// testCount checks the counts by state, and the oldest lease in
+// progress: records acquired before it, whose leases then expired, were
+// released or completed, do not count as in progress, however old.
 func testCount(t *testing.T, s *suite, l backends.Lister) {
 	c, err := l.Count(ctx(t), s.namespace())
 	require.NoError(t, err)
-	require.Zero(t, c.Total(), "an empty namespace")
+	require.Zero(t, c, "an empty namespace")
+
+	early := map[backends.State]string{}
+	for _, st := range []backends.State{backends.StateExpired, backends.StateReleased, backends.StateCompleted} {
+		key := s.key("early-" + st.String())
+		ttl := long
+		if st == backends.StateExpired {
+			ttl = s.ticks(1)
+		}
+		lease := s.mustAcquire(t, key, s.owner(), ttl)
+		switch st {
+		case backends.StateReleased:
+			require.NoError(t, s.Store.Release(ctx(t), lease))
+		case backends.StateCompleted:
+			require.NoError(t, s.Store.Complete(ctx(t), lease, nil))
+		}
+		early[st] = key
+	}
+	s.wait(1) // the records after these are acquired later by any clock
 
 	byState := s.fill(t)
+	for st, key := range early {
+		byState[st] = append(byState[st], key)
+	}
+	var oldest time.Time
+	for _, key := range byState[backends.StateInProgress] {
+		rec := s.inspect(t, key)
+		require.Equal(t, backends.StateInProgress, rec.State)
+		if oldest.IsZero() || rec.AcquiredAt.Before(oldest) {
+			oldest = rec.AcquiredAt
+		}
+	}
+	for st, key := range early {
+		require.True(t, s.inspect(t, key).AcquiredAt.Before(oldest), "%v: acquired before every lease in progress", st)
+	}
 	c, err = l.Count(ctx(t), s.namespace())
 	require.NoError(t, err)
+	require.True(t, oldest.Equal(c.OldestInProgress), "OldestInProgress %v, want %v", c.OldestInProgress, oldest)
+	c.OldestInProgress = oldest // the same instant: compare the rest whole
 	require.Equal(t, backends.Counts{
-		InProgress: int64(len(byState[backends.StateInProgress])),
-		Expired:    int64(len(byState[backends.StateExpired])),
-		Released:   int64(len(byState[backends.StateReleased])),
-		Completed:  int64(len(byState[backends.StateCompleted])),
-	}, backends.Counts{InProgress: c.InProgress, Expired: c.Expired, Released: c.Released, Completed: c.Completed})
+		InProgress:       int64(len(byState[backends.StateInProgress])),
+		Expired:          int64(len(byState[backends.StateExpired])),
+		Released:         int64(len(byState[backends.StateReleased])),
+		Completed:        int64(len(byState[backends.StateCompleted])),
+		OldestInProgress: oldest,
+	}, c)
+
+	// Once no lease is in progress, there is no oldest.
+	ns := s.namespace() + "-none"
+	lease, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{Key: ns + ":k", Owner: s.owner(), LeaseTTL: long, Retention: long})
+	require.NoError(t, err)
+	require.NoError(t, s.Store.Release(ctx(t), lease.Lease))
+	c, err = l.Count(ctx(t), ns)
+	require.NoError(t, err)
+	require.Equal(t, backends.Counts{Released: 1}, c)
 }

@@ -188,9 +188,24 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
+// originOf is the origin the suite gives an acquisition by owner, in the
+// middleware's form: every record the suite makes keeps one.
+func originOf(owner string) string {
+	if o := "message_uuid=" + owner + " handler=storetest"; len(o) <= backends.MaxOriginBytes {
+		return o
+	}
+	return fmt.Sprintf("handler=storetest owner of %d bytes", len(owner))
+}
+
 func (s *suite) acquire(t *testing.T, key, owner string, ttl time.Duration) backends.AcquireResult {
 	t.Helper()
-	res, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: ttl, Retention: long})
+	return s.acquireFrom(t, key, owner, originOf(owner), ttl)
+}
+
+// acquireFrom acquires with the given origin.
+func (s *suite) acquireFrom(t *testing.T, key, owner, origin string, ttl time.Duration) backends.AcquireResult {
+	t.Helper()
+	res, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: ttl, Retention: long, Origin: origin})
 	require.NoError(t, err)
 	return res
 }
@@ -251,6 +266,10 @@ var tests = []struct {
 	{"Owners", testOwners},
 	{"PoolSize", testPoolSize},
 	{"CancelledContext", testCancelledContext},
+	{"Origin", testOrigin},
+	{"Origins", testOrigins},
+	{"AcquiredAt", testAcquiredAt},
+	{"RecordFields", testRecordFields},
 }
 
 func testAcquireFreshKey(t *testing.T, s *suite) {
@@ -299,7 +318,7 @@ func (s *suite) acquireAtOnce(t *testing.T, keys []string) []backends.AcquireRes
 		owner := s.owner()
 		wg.Go(func() {
 			<-start
-			res, err := s.Store.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: long, Retention: long})
+			res, err := s.Store.Acquire(context.Background(), backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: long, Retention: long, Origin: originOf(owner)})
 			if err != nil {
 				t.Error(err)
 			}

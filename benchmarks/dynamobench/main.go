@@ -87,20 +87,21 @@ func run(endpoint string, clients int, duration time.Duration, rounds int, ttl b
 	// item and expressions, apart from the store's own work.
 	names := map[string]string{"#id": "id", "#state": "state", "#owner": "owner", "#token": "token",
 		"#attempt": "attempt", "#lease": "lease_ms", "#retention": "retention_ms", "#forget": "forget_ms",
-		"#ttl": "ttl", "#ttl_after": "ttl_after_s", "#output": "output", "#completed": "completed_ms", "#fp": "fingerprint"}
+		"#ttl": "ttl", "#ttl_after": "ttl_after_s", "#output": "output", "#completed": "completed_ms", "#fp": "fingerprint",
+		"#acquired": "acquired_ms", "#origin": "origin"}
 	num := func(n int64) types.AttributeValue { return &types.AttributeValueMemberN{Value: fmt.Sprint(n)} }
 	updates := func(ctx context.Context, key string) error {
 		now := time.Now().UnixMilli()
 		k := map[string]types.AttributeValue{"id": &types.AttributeValueMemberB{Value: []byte(key)}}
 		owner := &types.AttributeValueMemberS{Value: key}
 		if _, err := api.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: table, Key: k,
-			UpdateExpression: aws.String("SET #state = :one, #owner = :owner, #lease = :lease, #retention = :retention, #forget = :forget, " +
-				"#ttl = :ttl, #ttl_after = :ttl_after, #token = if_not_exists(#token, :zero) + :one, #attempt = :one REMOVE #output, #completed, #fp"),
+			UpdateExpression: aws.String("SET #state = :one, #owner = :owner, #acquired = :now, #lease = :lease, #retention = :retention, #forget = :forget, " +
+				"#ttl = :ttl, #ttl_after = :ttl_after, #token = if_not_exists(#token, :zero) + :one, #attempt = :one, #origin = :origin REMOVE #output, #completed, #fp"),
 			ConditionExpression:      aws.String("attribute_not_exists(#id) OR #forget <= :old"),
 			ExpressionAttributeNames: names,
 			ExpressionAttributeValues: map[string]types.AttributeValue{":one": num(1), ":zero": num(0), ":owner": owner,
 				":lease": num(now + 30000), ":retention": num(3600000), ":forget": num(now + 3630000), ":ttl": num(now/1000 + 3700),
-				":ttl_after": num(3602), ":old": num(now - 1000)},
+				":ttl_after": num(3602), ":old": num(now - 1000), ":now": num(now), ":origin": &types.AttributeValueMemberS{Value: load.Origin(key)}},
 			ReturnValues: types.ReturnValueAllNew, ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 		}); err != nil {
 			return err

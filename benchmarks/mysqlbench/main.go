@@ -224,7 +224,8 @@ func statements(ctx context.Context, dsn string, store *mysqlstore.Store) (acqui
 	// The first Acquire detects the server's flavor: record the second.
 	for i := range 2 {
 		rec.reset()
-		res, err := sample.Acquire(ctx, backends.AcquireRequest{Key: fmt.Sprint(sampleKey, i), Owner: sampleOwner, LeaseTTL: 30 * time.Second, Retention: time.Hour})
+		res, err := sample.Acquire(ctx, backends.AcquireRequest{Key: fmt.Sprint(sampleKey, i), Owner: sampleOwner, LeaseTTL: 30 * time.Second, Retention: time.Hour,
+			Origin: load.Origin(fmt.Sprint(sampleKey, i))})
 		if err != nil {
 			return recorded{}, recorded{}, err
 		}

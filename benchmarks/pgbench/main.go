@@ -271,7 +271,8 @@ func statements(url string, store *pgstore.Store) (acquire, complete string, err
 		return "", "", err
 	}
 	rec.reset()
-	res, err := sample.Acquire(ctx, backends.AcquireRequest{Key: sampleKey, Owner: sampleOwner, LeaseTTL: 30 * time.Second, Retention: time.Hour})
+	res, err := sample.Acquire(ctx, backends.AcquireRequest{Key: sampleKey, Owner: sampleOwner, LeaseTTL: 30 * time.Second, Retention: time.Hour,
+		Origin: load.Origin(sampleKey)})
 	if err != nil {
 		return "", "", err
 	}
@@ -314,8 +315,11 @@ func withVariables(q pgx.TraceQueryStartData, token *int64) (string, error) {
 				return "convert_to('k' || :k, 'UTF8')"
 			}
 		case string:
-			if v == sampleOwner {
+			switch v {
+			case sampleOwner:
 				return "'o' || :k"
+			case load.Origin(sampleKey): // 70 bytes, as the middleware's
+				return "'message_uuid=' || lpad(:k::text, 36, '0') || ' handler=charge-order'"
 			}
 		case int64:
 			if token != nil && v == *token {

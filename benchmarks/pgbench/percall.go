@@ -59,7 +59,7 @@ func perCall(ctx context.Context, url string, store *pgstore.Store, rounds int) 
 		VALUES ($1, 1, $2, 1, 1, now() + interval '30 seconds', 3600000000, now() + interval '1 hour')
 		ON CONFLICT (key) DO NOTHING`
 	request := func(key, owner string) backends.AcquireRequest {
-		return backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: 30 * time.Second, Retention: time.Hour}
+		return backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: 30 * time.Second, Retention: time.Hour, Origin: load.Origin(key)}
 	}
 	per := make([][]time.Duration, len(perCallKinds))
 	for round := range rounds {

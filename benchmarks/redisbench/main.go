@@ -100,7 +100,8 @@ func run(addr string, clients, deliveries int, duration time.Duration, requests,
 		return err
 	}
 	acquireComplete := func(ctx context.Context, key string) error {
-		res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: key, LeaseTTL: 30 * time.Second, Retention: time.Minute})
+		res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: key, LeaseTTL: 30 * time.Second, Retention: time.Minute,
+			Origin: load.Origin(key)})
 		if err != nil {
 			return err
 		}
@@ -234,7 +235,8 @@ func callCosts(ctx context.Context, c *redis.Client, store *redisstore.Store, n 
 	leases := make([]backends.Lease, n)
 	acquire := func(owner string, want backends.Status) func(int) error {
 		return func(i int) error {
-			res, err := store.Acquire(ctx, backends.AcquireRequest{Key: keys[i], Owner: owner + keys[i], LeaseTTL: 30 * time.Second, Retention: time.Hour})
+			res, err := store.Acquire(ctx, backends.AcquireRequest{Key: keys[i], Owner: owner + keys[i], LeaseTTL: 30 * time.Second, Retention: time.Hour,
+				Origin: load.Origin(keys[i])})
 			if err != nil {
 				return err
 			}
@@ -546,7 +548,8 @@ func routerLatency(mw message.HandlerMiddleware, n int) (time.Duration, error) {
 // UUID-sized key and no output.
 func recordMemory(ctx context.Context, c *redis.Client, store *redisstore.Store, prefix string) (int64, error) {
 	key := "orders:" + watermill.NewUUID()
-	res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: watermill.NewULID(), LeaseTTL: time.Minute, Retention: time.Hour})
+	res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: watermill.NewULID(), LeaseTTL: time.Minute, Retention: time.Hour,
+		Origin: load.Origin(key)})
 	if err != nil {
 		return 0, err
 	}

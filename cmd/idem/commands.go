@@ -236,7 +236,8 @@ func complete(ctx context.Context, e *env, o *completeOpts, key string) (outcome
 			return outcome{}, err
 		}
 	}
-	res, err := e.store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: operatorOwner(), LeaseTTL: 30 * time.Second, Retention: o.retention})
+	res, err := e.store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: operatorOwner(), LeaseTTL: 30 * time.Second, Retention: o.retention,
+		Origin: "idem complete"})
 	if err != nil {
 		return outcome{}, err
 	}

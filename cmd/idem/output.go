@@ -21,11 +21,18 @@ type recordView struct {
 	Key string `json:"key"`
 	// KeyBase64 is set when the key is not valid UTF-8, which JSON cannot
 	// carry exactly.
-	KeyBase64      string       `json:"key_base64,omitempty"`
-	State          string       `json:"state"`
-	Owner          string       `json:"owner"`
-	Token          int64        `json:"token"`
-	Attempt        int          `json:"attempt"`
+	KeyBase64 string `json:"key_base64,omitempty"`
+	State     string `json:"state"`
+	Owner     string `json:"owner"`
+	// Origin names what acquired the current or last lease (the
+	// middleware: "message_uuid=<uuid> handler=<name>"): for a completed
+	// record, which delivery completed it.
+	Origin  string `json:"origin,omitempty"`
+	Token   int64  `json:"token"`
+	Attempt int    `json:"attempt"`
+	// AcquiredAt is when the current or last lease was acquired; absent
+	// for a record written before stores kept it.
+	AcquiredAt     *time.Time   `json:"acquired_at,omitempty"`
 	LeaseExpiresAt time.Time    `json:"lease_expires_at"`
 	LeaseLeft      *float64     `json:"lease_left_seconds,omitempty"`
 	CompletedAt    *time.Time   `json:"completed_at,omitempty"`
@@ -45,9 +52,12 @@ type outputView struct {
 
 func viewRecord(r backends.Record, now time.Time) recordView {
 	v := recordView{
-		Key: r.Key, State: r.State.String(), Owner: r.Owner, Token: r.Token, Attempt: r.Attempt,
+		Key: r.Key, State: r.State.String(), Owner: r.Owner, Origin: r.Origin, Token: r.Token, Attempt: r.Attempt,
 		LeaseExpiresAt: r.LeaseExpiresAt, ForgetAt: r.ExpiresAt,
 		ForgetIn: seconds(r.ExpiresAt.Sub(now)),
+	}
+	if !r.AcquiredAt.IsZero() {
+		v.AcquiredAt = &r.AcquiredAt
 	}
 	if !utf8.ValidString(r.Key) {
 		v.KeyBase64 = base64.StdEncoding.EncodeToString([]byte(r.Key))
@@ -89,8 +99,14 @@ func printRecord(w io.Writer, v recordView) {
 	row("key", "%q", v.Key)
 	row("state", "%s", v.State)
 	row("owner", "%s", v.Owner)
+	if v.Origin != "" {
+		row("origin", "%s", v.Origin)
+	}
 	row("token", "%d", v.Token)
 	row("attempt", "%d", v.Attempt)
+	if v.AcquiredAt != nil {
+		row("acquired", "at %s, %s ago", stamp(*v.AcquiredAt), ago(*v.AcquiredAt))
+	}
 	switch {
 	case v.LeaseLeft != nil:
 		row("lease", "expires at %s, in %.3fs", stamp(v.LeaseExpiresAt), *v.LeaseLeft)
@@ -128,17 +144,34 @@ func metadataString(md map[string]string) string {
 
 func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
 
-// printRecords prints records as a table, one per line.
+// ago is how long before this machine's now t was, to the millisecond
+// under a minute and to the second above.
+func ago(t time.Time) time.Duration {
+	d := max(0, time.Since(t))
+	if d < time.Minute {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(time.Second)
+}
+
+// printRecords prints records as a table, one per line; the origin,
+// the longest, last.
 func printRecords(w io.Writer, views []recordView) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tSTATE\tTOKEN\tATTEMPT\tOWNER\tLEASE LEFT\tFORGOTTEN IN")
+	fmt.Fprintln(tw, "KEY\tSTATE\tTOKEN\tATTEMPT\tOWNER\tACQUIRED\tLEASE LEFT\tFORGOTTEN IN\tORIGIN")
 	for _, v := range views {
-		left := "-"
+		left, acquired, origin := "-", "-", "-"
 		if v.LeaseLeft != nil {
 			left = fmt.Sprintf("%.1fs", *v.LeaseLeft)
 		}
-		fmt.Fprintf(tw, "%q\t%s\t%d\t%d\t%s\t%s\t%s\n", v.Key, v.State, v.Token, v.Attempt, v.Owner, left,
-			time.Duration(v.ForgetIn*float64(time.Second)).Round(time.Second))
+		if v.AcquiredAt != nil {
+			acquired = ago(*v.AcquiredAt).Round(100*time.Millisecond).String() + " ago"
+		}
+		if v.Origin != "" {
+			origin = v.Origin
+		}
+		fmt.Fprintf(tw, "%q\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", v.Key, v.State, v.Token, v.Attempt, v.Owner, acquired, left,
+			time.Duration(v.ForgetIn*float64(time.Second)).Round(time.Second), origin)
 	}
 	tw.Flush()
 }

@@ -20,6 +20,9 @@ func inspect(ctx context.Context, store backends.Store) error {
 		return err
 	}
 	fmt.Println(rec.State, rec.Owner, rec.Token, rec.Attempt, rec.LeaseExpiresAt, rec.CompletedAt, rec.ExpiresAt)
+	// Which delivery took the lease (for a completed record, which message
+	// completed the key: "message_uuid=<uuid> handler=<name>"), and when.
+	fmt.Println(rec.Origin, rec.AcquiredAt)
 
 	// The messages a duplicate of a completed key gets replayed:
 	out, err := backends.DecodeOutput(rec.Output)

@@ -80,11 +80,21 @@ func MedianDuration(v []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
+// Origin is the origin the middleware gives the lease of a delivery of
+// a message to a handler, "message_uuid=<uuid> handler=<name>", for a
+// message whose UUID is 36 bytes as Watermill's are: 70 bytes, whatever
+// the key's length (the key's end stands in for the UUID).
+func Origin(key string) string {
+	uuid := fmt.Sprintf("%036s", key)
+	return "message_uuid=" + uuid[len(uuid)-36:] + " handler=charge-order"
+}
+
 // StoreCycle is one cycle of a store on a fresh key: Acquire, then
 // Complete with no output, as the middleware does for a message.
 func StoreCycle(store backends.Store) func(ctx context.Context, key string) error {
 	return func(ctx context.Context, key string) error {
-		res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: key, LeaseTTL: 30 * time.Second, Retention: time.Hour})
+		res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: key, LeaseTTL: 30 * time.Second, Retention: time.Hour,
+			Origin: Origin(key)})
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,22 @@
+-- The idempotency middleware's records (backends/mysqlstore). Idempotent.
+-- Times are Unix microseconds by the server's clock, in UTC whatever the
+-- session's time zone. Keys and owners are bytes: no collation folds
+-- 'order-A' into 'ORDER-a'.
+{{/* snippet:schema */ -}}
+CREATE TABLE IF NOT EXISTS {{.Table}} (
+    `key`            VARBINARY(2048) NOT NULL,
+    state            TINYINT         NOT NULL,           -- 1 in progress, 2 released, 3 completed
+    owner            VARBINARY(255)  NOT NULL,
+    token            BIGINT          NOT NULL,           -- fencing token
+    attempt          INT             NOT NULL,
+    how              TINYINT         NOT NULL DEFAULT 0, -- the last Acquire's decision (see acquire.sql)
+    lease_expires_us BIGINT          NOT NULL,
+    retention_us     BIGINT          NOT NULL,
+    completed_us     BIGINT          NULL,
+    forget_us        BIGINT          NOT NULL,           -- the record counts as absent from then on
+    fingerprint      BLOB            NULL,
+    output           LONGBLOB        NULL,
+    PRIMARY KEY (`key`),
+    INDEX {{.Index}} (forget_us)                         -- cleanup deletes the oldest forgotten first
+) ENGINE = InnoDB
+{{- /* end snippet */}}
