@@ -37,6 +37,17 @@
 // watermill.idempotency.store.operation.duration by operation and
 // error.type, and optionally a span per call.
 //
+// # Store state
+//
+// [NewGauges] reports, as observable gauges, the records of each named
+// namespace by state, how long the oldest lease still in progress has
+// been held (a stuck handler), and an outbox's backlog
+// (contrib/sqloutbox). A goroutine of its own collects them every
+// GaugesConfig.Interval, one collection at a time and each bounded by
+// GaugesConfig.Timeout, so a slow store holds up no scrape; on Redis and
+// DynamoDB each namespace's count scans the whole store, so it is opt-in
+// and its cost is in docs/operations.md.
+//
 // # Replays
 //
 // A replayed duplicate's messages carry the metadata they were stored

@@ -29,7 +29,8 @@ const (
 	// AttrErrorType classifies a failure; see [ErrorType].
 	AttrErrorType = attribute.Key("error.type")
 	// AttrOperation is the store operation: acquire, renew, complete,
-	// release, inspect or delete.
+	// release, inspect or delete, and for the gauges' collections count
+	// or outbox_backlog.
 	AttrOperation = attribute.Key("watermill.idempotency.store.operation")
 
 	// AttrFencingToken is the fencing token of the lease the handler ran
