@@ -25,7 +25,12 @@
 //     that stopped renewing them, and watermill.idempotency.replayed.messages,
 //     stored messages replayed for duplicates.
 //
-// No metric carries a key or a message UUID. On the span active in the
+// A handler's series of the outcomes whose attributes are known in
+// advance (processed, duplicate, processed_not_recorded, in_progress,
+// lease_lost and the poison outcomes), its takeovers and its replayed
+// messages start at zero at its first delivery, so that the first lost
+// lease is an increase Prometheus's increase() sees, not a series born at
+// 1. No metric carries a key or a message UUID. On the span active in the
 // message's context (the consumer span a tracing middleware started
 // outside this one), it adds one event per delivery with the outcome and
 // the fencing token; it starts no span of its own and never sets the

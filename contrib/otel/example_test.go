@@ -90,6 +90,9 @@ func ExampleNewObserver() {
 			continue
 		}
 		for _, dp := range sum.DataPoints {
+			if dp.Value == 0 {
+				continue // the rarer outcomes, which start at zero
+			}
 			handler, _ := dp.Attributes.Value(idemotel.AttrHandler)
 			outcome, _ := dp.Attributes.Value(idemotel.AttrOutcome)
 			lines = append(lines, fmt.Sprintf("%s{handler=%s,outcome=%s} %d", m.Name, handler.AsString(), outcome.AsString(), dp.Value))

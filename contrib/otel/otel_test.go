@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -292,4 +293,34 @@ func newMemstore() *memstore.Store {
 		panic(err)
 	}
 	return s
+}
+
+// A handler's series of the outcomes an alert waits for start at zero at
+// its first delivery, so that the first such outcome is an increase.
+func TestSeriesStartAtZero(t *testing.T) {
+	tel := newTelemetry(t)
+	obs, err := idemotel.NewObserver(idemotel.Config{MeterProvider: tel.meters})
+	require.NoError(t, err)
+	obs.Observe(context.Background(), idempotency.Event{Outcome: idempotency.OutcomeProcessed, Handler: "charge"})
+	obs.Observe(context.Background(), idempotency.Event{Outcome: idempotency.OutcomeProcessed, Handler: "charge"})
+	data := tel.collect(t)
+	points := map[string]int64{}
+	for _, dp := range data["watermill.idempotency.deliveries"].(metricdata.Sum[int64]).DataPoints {
+		points[label(dp.Attributes, []attribute.Key{idemotel.AttrHandler, idemotel.AttrOutcome, idemotel.AttrAcked, idemotel.AttrErrorType})] = dp.Value
+	}
+	require.Equal(t, map[string]int64{
+		"charge/processed/true/":                                 2,
+		"charge/duplicate/true/":                                 0,
+		"charge/processed_not_recorded/true/":                    0,
+		"charge/in_progress/false/in_progress":                   0,
+		"charge/lease_lost/false/lease_lost":                     0,
+		"charge/key_error/false/key_error":                       0,
+		"charge/fingerprint_mismatch/false/fingerprint_mismatch": 0,
+		"charge/output_too_large/false/output_too_large":         0,
+	}, points)
+	for _, name := range []string{"watermill.idempotency.takeovers", "watermill.idempotency.replayed.messages"} {
+		dps := data[name].(metricdata.Sum[int64]).DataPoints
+		require.Len(t, dps, 1, name)
+		require.Zero(t, dps[0].Value, name)
+	}
 }
