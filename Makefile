@@ -3,7 +3,7 @@ GO          ?= go
 TEST_FLAGS  ?= -race -count=1
 BENCH_COUNT ?= 6
 BENCH_DIR   ?= .bench
-MODULES     := . examples benchmarks backends/dynamostore backends/mysqlstore contrib/awssqs contrib/otel contrib/sqloutbox cmd/idem
+MODULES     := . examples benchmarks backends/dynamostore backends/mysqlstore contrib/awssqs contrib/otel contrib/sqloutbox cmd/idem monitoring
 TOOL_MODS   := tools
 
 SHELL       := bash
@@ -62,7 +62,7 @@ idem: ## Build the idem operator command into bin/idem
 
 # The modules' tests, longest first; TEST_JOBS of them run at once, each
 # module's output printed whole when it ends.
-TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/sqloutbox contrib/otel cmd/idem contrib/awssqs benchmarks tools
+TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/sqloutbox contrib/otel monitoring cmd/idem contrib/awssqs benchmarks tools
 TEST_JOBS    ?= 3
 
 .PHONY: test
