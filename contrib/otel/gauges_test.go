@@ -271,19 +271,42 @@ func TestGaugesSlowStore(t *testing.T) {
 	require.GreaterOrEqual(t, store.timeouts, 3)
 }
 
-// While a collection waits for the store, a reader gets the last values
-// at once.
+// While a collection waits for the store, a reader is not held up: it
+// gets the last collection's values (here none yet) while the Count still
+// waits.
 func TestGaugesReaderNotHeldUp(t *testing.T) {
 	store := &slowLister{Lister: newMemstore(), release: make(chan struct{}), entered: make(chan struct{}, 1)}
+	store.frozen.Store(true)
 	tel := newTelemetry(t)
 	newGauges(t, idemotel.GaugesConfig{MeterProvider: tel.meters, Store: store, Namespaces: []string{"pay"},
-		Interval: 50 * time.Millisecond, Timeout: 50 * time.Millisecond})
-	tel.waitFor(t, "the first collection", has(recordsGauge))
-	store.frozen.Store(true)
-	<-store.entered // a Count waits for the store, until its timeout
-	data := tel.collect(t)
-	require.NotNil(t, data[recordsGauge], "the reader gets the last collection's values")
+		Interval: time.Hour, Timeout: time.Hour})
+	<-store.entered // the first Count waits for the store
+	got := make(chan map[string]metricdata.Aggregation, 1)
+	go func() {
+		var rm metricdata.ResourceMetrics
+		_ = tel.reader.Collect(context.Background(), &rm)
+		out := map[string]metricdata.Aggregation{}
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				out[m.Name] = m.Data
+			}
+		}
+		got <- out
+	}()
+	var data map[string]metricdata.Aggregation
+	select {
+	case data = <-got:
+	case <-time.After(time.Minute): // the Count waits for an hour
+		close(store.release)
+		t.Fatal("a reader waited a minute for a Count that waits for the store")
+	}
+	store.mu.Lock()
+	running := store.running
+	store.mu.Unlock()
+	require.Equal(t, 1, running, "the reader got its answer while the Count still waited")
+	require.Nil(t, data[recordsGauge], "no collection has ended yet")
 	close(store.release)
+	tel.waitFor(t, "the first collection", has(recordsGauge))
 }
 
 // A namespace whose Count fails is left out and counted as an error; the
