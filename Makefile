@@ -3,7 +3,7 @@ GO          ?= go
 TEST_FLAGS  ?= -race -count=1
 BENCH_COUNT ?= 6
 BENCH_DIR   ?= .bench
-MODULES     := . examples benchmarks backends/dynamostore backends/mysqlstore contrib/awssqs contrib/otel contrib/sqloutbox cmd/idem
+MODULES     := . examples benchmarks backends/dynamostore backends/mysqlstore contrib/awssqs contrib/otel contrib/sqloutbox cmd/idem monitoring
 TOOL_MODS   := tools
 
 SHELL       := bash
@@ -75,7 +75,7 @@ idem: ## Build the idem operator command into bin/idem
 
 # The modules' tests, longest first; TEST_JOBS of them run at once, each
 # module's output printed whole when it ends.
-TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/sqloutbox contrib/otel cmd/idem contrib/awssqs benchmarks tools
+TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/sqloutbox contrib/otel monitoring cmd/idem contrib/awssqs benchmarks tools
 TEST_JOBS    ?= 3
 
 .PHONY: test
@@ -98,7 +98,7 @@ test-stress: bin/testenv ## Run the storm and fault tests 3 times while CPU hogs
 	@$(TESTENV) -- env GO=$(GO) TEST_FLAGS="$(TEST_FLAGS)" .ci/stress
 
 .PHONY: bench
-bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-record bench-wake bench-e2e bench-outbox ## Run every benchmark and print it against its baselines
+bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-record bench-wake bench-e2e bench-outbox bench-state ## Run every benchmark and print it against its baselines
 
 # The benchmarks run against private servers, as the tests do, unless you
 # name yours (TEST_DATABASE_URL, MYSQL_DSN, DYNAMODB_ENDPOINT, REDIS_ADDR).
@@ -133,6 +133,11 @@ bench-wake: bin/testenv ## Time from a holder's completion to its waiting duplic
 bench-outbox: bin/testenv ## The transactional outbox against the plain path: statements, throughput and latency per message (private Postgres and Redis, or TEST_DATABASE_URL, REDIS_ADDR)
 	@mkdir -p $(BENCH_DIR)
 	@$(BENCH_ENV) redis,postgres -- sh -c 'cd benchmarks && $(GO) run ./outboxbench -url "$$TEST_DATABASE_URL" -redis "$$REDIS_ADDR"' | tee $(BENCH_DIR)/outbox.txt
+
+.PHONY: bench-state
+bench-state: bin/testenv ## What one collection of the store gauges costs: a Count of 10k and 100k records on each store, its time and server work (private Redis, Postgres, MariaDB, dynalite, or REDIS_ADDR, TEST_DATABASE_URL, MYSQL_DSN, DYNAMODB_ENDPOINT)
+	@mkdir -p $(BENCH_DIR)
+	@$(BENCH_ENV) redis,postgres,mariadb,dynamodb -- sh -c 'cd benchmarks && $(GO) run ./statebench -redis "$$REDIS_ADDR" -pg "$$TEST_DATABASE_URL" -mysql "$$MYSQL_DSN" -dynamo "$$DYNAMODB_ENDPOINT"' | tee $(BENCH_DIR)/state.txt
 
 .PHONY: bench-redis
 bench-redis: bin/testenv ## Benchmark the Redis store against redis-benchmark and redislock (private Redis, or REDIS_ADDR)

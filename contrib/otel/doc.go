@@ -25,7 +25,12 @@
 //     that stopped renewing them, and watermill.idempotency.replayed.messages,
 //     stored messages replayed for duplicates.
 //
-// No metric carries a key or a message UUID. On the span active in the
+// A handler's series of the outcomes whose attributes are known in
+// advance (processed, duplicate, processed_not_recorded, in_progress,
+// lease_lost and the poison outcomes), its takeovers and its replayed
+// messages start at zero at its first delivery, so that the first lost
+// lease is an increase Prometheus's increase() sees, not a series born at
+// 1. No metric carries a key or a message UUID. On the span active in the
 // message's context (the consumer span a tracing middleware started
 // outside this one), it adds one event per delivery with the outcome and
 // the fencing token; it starts no span of its own and never sets the
@@ -36,6 +41,17 @@
 // [InstrumentStore] wraps any backends.Store and records
 // watermill.idempotency.store.operation.duration by operation and
 // error.type, and optionally a span per call.
+//
+// # Store state
+//
+// [NewGauges] reports, as observable gauges, the records of each named
+// namespace by state, how long the oldest lease still in progress has
+// been held (a stuck handler), and an outbox's backlog
+// (contrib/sqloutbox). A goroutine of its own collects them every
+// GaugesConfig.Interval, one collection at a time and each bounded by
+// GaugesConfig.Timeout, so a slow store holds up no scrape; on Redis and
+// DynamoDB each namespace's count scans the whole store, so it is opt-in
+// and its cost is in docs/operations.md.
 //
 // # Replays
 //

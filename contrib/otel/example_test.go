@@ -90,6 +90,9 @@ func ExampleNewObserver() {
 			continue
 		}
 		for _, dp := range sum.DataPoints {
+			if dp.Value == 0 {
+				continue // the rarer outcomes, which start at zero
+			}
 			handler, _ := dp.Attributes.Value(idemotel.AttrHandler)
 			outcome, _ := dp.Attributes.Value(idemotel.AttrOutcome)
 			lines = append(lines, fmt.Sprintf("%s{handler=%s,outcome=%s} %d", m.Name, handler.AsString(), outcome.AsString(), dp.Value))
@@ -102,4 +105,71 @@ func ExampleNewObserver() {
 	// Output:
 	// watermill.idempotency.deliveries{handler=charge,outcome=duplicate} 1
 	// watermill.idempotency.deliveries{handler=charge,outcome=processed} 2
+}
+
+// The gauges count a store's records by state in the namespaces named,
+// here read with the SDK's manual reader once the first collection is in.
+func ExampleNewGauges() {
+	reader := sdkmetric.NewManualReader()
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for _, key := range []string{"charge:o1", "charge:o2"} {
+		res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "w1", LeaseTTL: time.Minute, Retention: time.Hour})
+		if err != nil {
+			panic(err)
+		}
+		if key == "charge:o1" {
+			if err := store.Complete(ctx, res.Lease, nil); err != nil {
+				panic(err)
+			}
+		}
+	}
+
+	// snippet:gauges
+	gauges, err := idemotel.NewGauges(idemotel.GaugesConfig{
+		MeterProvider: meters,
+		Store:         store, // any store: each is a backends.Lister
+		// The handlers' names, or Config.Namespace where it is set.
+		Namespaces: []string{"charge"},
+		// One Count per namespace a minute; on Redis and DynamoDB a Count
+		// scans the whole store (docs/operations.md has the cost).
+		Interval: time.Minute,
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer gauges.Close()
+	// end snippet
+
+	var lines []string
+	for len(lines) == 0 {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(ctx, &rm); err != nil {
+			panic(err)
+		}
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if g, ok := m.Data.(metricdata.Gauge[int64]); ok {
+					for _, dp := range g.DataPoints {
+						state, _ := dp.Attributes.Value(idemotel.AttrState)
+						lines = append(lines, fmt.Sprintf("%s{state=%s} %d", m.Name, state.AsString(), dp.Value))
+					}
+				}
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	sort.Strings(lines)
+	for _, l := range lines {
+		fmt.Println(l)
+	}
+	// Output:
+	// watermill.idempotency.store.records{state=completed} 1
+	// watermill.idempotency.store.records{state=expired} 0
+	// watermill.idempotency.store.records{state=in_progress} 1
+	// watermill.idempotency.store.records{state=released} 0
 }

@@ -29,7 +29,8 @@ const (
 	// AttrErrorType classifies a failure; see [ErrorType].
 	AttrErrorType = attribute.Key("error.type")
 	// AttrOperation is the store operation: acquire, renew, complete,
-	// release, inspect or delete.
+	// release, inspect or delete, and for the gauges' collections count
+	// or outbox_backlog.
 	AttrOperation = attribute.Key("watermill.idempotency.store.operation")
 
 	// AttrFencingToken is the fencing token of the lease the handler ran
@@ -91,6 +92,27 @@ type Observer struct {
 	errorType  func(error) string
 
 	attrs attrCache
+	// handlers holds the names of the handlers whose series were started
+	// at zero.
+	handlers sync.Map
+}
+
+// zeroed are the deliveries whose attributes are known before they
+// happen: each handler's series of them start at zero at its first
+// delivery, so that the first of a rare outcome is an increase that
+// Prometheus's increase() and rate() see, not a series born at 1.
+var zeroed = []struct {
+	outcome idempotency.Outcome
+	errType string
+}{
+	{idempotency.OutcomeProcessed, ""},
+	{idempotency.OutcomeDuplicate, ""},
+	{idempotency.OutcomeProcessedNotRecorded, ""},
+	{idempotency.OutcomeInProgress, ErrorInProgress},
+	{idempotency.OutcomeLeaseLost, ErrorLeaseLost},
+	{idempotency.OutcomeKeyError, ErrorKey},
+	{idempotency.OutcomeFingerprintMismatch, ErrorFingerprintMismatch},
+	{idempotency.OutcomeOutputTooLarge, ErrorOutputTooLarge},
 }
 
 var _ idempotency.Observer = (*Observer)(nil)
@@ -148,6 +170,9 @@ func (o *Observer) Observe(ctx context.Context, ev idempotency.Event) {
 	if !acked && ev.Err != nil {
 		errType = o.classify(ev)
 	}
+	if _, seen := o.handlers.Load(ev.Handler); !seen {
+		o.startAtZero(ctx, ev.Handler)
+	}
 	sets := o.attrs.get(ev.Handler, ev.Outcome, acked, errType)
 	o.deliveries.Add(ctx, 1, sets.delivery...)
 	if ranHandler(ev.Outcome) {
@@ -167,9 +192,25 @@ func (o *Observer) Observe(ctx context.Context, ev idempotency.Event) {
 	}
 }
 
+// startAtZero adds zero to the handler's series of the zeroed deliveries,
+// its takeovers and its replayed messages, once.
+func (o *Observer) startAtZero(ctx context.Context, handler string) {
+	if _, loaded := o.handlers.LoadOrStore(handler, struct{}{}); loaded {
+		return
+	}
+	for _, z := range zeroed {
+		o.deliveries.Add(ctx, 0, o.attrs.get(handler, z.outcome, z.outcome.Acked(), z.errType).delivery...)
+	}
+	sets := o.attrs.get(handler, idempotency.OutcomeProcessed, true, "")
+	o.takeovers.Add(ctx, 0, sets.handler...)
+	o.replayed.Add(ctx, 0, sets.handler...)
+}
+
 func (o *Observer) classify(ev idempotency.Event) string {
-	if o.errorType != nil && (ev.Outcome == idempotency.OutcomeHandlerFailed ||
-		ev.Outcome == idempotency.OutcomeHandlerFailedPermanently || ev.Outcome == idempotency.OutcomeUnprotected) {
+	if ev.Outcome == idempotency.OutcomeHandlerFailedPermanently {
+		return ErrorPermanent // whatever it wraps: poison, which alerts count
+	}
+	if o.errorType != nil && (ev.Outcome == idempotency.OutcomeHandlerFailed || ev.Outcome == idempotency.OutcomeUnprotected) {
 		if t := o.errorType(ev.Err); t != "" {
 			return t
 		}

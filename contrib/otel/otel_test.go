@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -267,10 +268,28 @@ func TestErrorType(t *testing.T) {
 		fmt.Errorf("%w: k", idempotency.ErrFingerprintMismatch): idemotel.ErrorFingerprintMismatch,
 		fmt.Errorf("%w: big", idempotency.ErrOutputTooLarge):    idemotel.ErrorOutputTooLarge,
 		fmt.Errorf("k: %w", backends.ErrCorruptOutput):          idemotel.ErrorCorruptOutput,
+		idempotency.Permanent(errors.New("unknown product")):    idemotel.ErrorPermanent,
 		errors.New("declined"):                                  idemotel.ErrorOther,
 	} {
 		require.Equal(t, want, idemotel.ErrorType(err), "%v", err)
 	}
+}
+
+// A handler's permanent failure is error.type permanent, whatever it
+// wraps and whatever Config.ErrorType says of handler errors: the poison
+// alert and panels count it so.
+func TestPermanentFailureIsPermanent(t *testing.T) {
+	tel := newTelemetry(t)
+	obs, err := idemotel.NewObserver(idemotel.Config{MeterProvider: tel.meters, ErrorType: func(error) string { return "gateway" }})
+	require.NoError(t, err)
+	idem, err := idempotency.New(idempotency.Config{Store: newMemstore(), Namespace: "pay", Observer: obs})
+	require.NoError(t, err)
+	_, err = idem.Middleware(func(*message.Message) ([]*message.Message, error) {
+		return nil, idempotency.Permanent(fmt.Errorf("read: %w", context.DeadlineExceeded))
+	})(message.NewMessage("m1", nil))
+	require.ErrorIs(t, err, idempotency.ErrPermanent)
+	got := sums(t, tel.collect(t)["watermill.idempotency.deliveries"], idemotel.AttrOutcome, idemotel.AttrErrorType)
+	require.Equal(t, map[string]int64{"handler_failed_permanently/permanent": 1}, got)
 }
 
 func TestPropagationKeys(t *testing.T) {
@@ -292,4 +311,34 @@ func newMemstore() *memstore.Store {
 		panic(err)
 	}
 	return s
+}
+
+// A handler's series of the outcomes an alert waits for start at zero at
+// its first delivery, so that the first such outcome is an increase.
+func TestSeriesStartAtZero(t *testing.T) {
+	tel := newTelemetry(t)
+	obs, err := idemotel.NewObserver(idemotel.Config{MeterProvider: tel.meters})
+	require.NoError(t, err)
+	obs.Observe(context.Background(), idempotency.Event{Outcome: idempotency.OutcomeProcessed, Handler: "charge"})
+	obs.Observe(context.Background(), idempotency.Event{Outcome: idempotency.OutcomeProcessed, Handler: "charge"})
+	data := tel.collect(t)
+	points := map[string]int64{}
+	for _, dp := range data["watermill.idempotency.deliveries"].(metricdata.Sum[int64]).DataPoints {
+		points[label(dp.Attributes, []attribute.Key{idemotel.AttrHandler, idemotel.AttrOutcome, idemotel.AttrAcked, idemotel.AttrErrorType})] = dp.Value
+	}
+	require.Equal(t, map[string]int64{
+		"charge/processed/true/":                                 2,
+		"charge/duplicate/true/":                                 0,
+		"charge/processed_not_recorded/true/":                    0,
+		"charge/in_progress/false/in_progress":                   0,
+		"charge/lease_lost/false/lease_lost":                     0,
+		"charge/key_error/false/key_error":                       0,
+		"charge/fingerprint_mismatch/false/fingerprint_mismatch": 0,
+		"charge/output_too_large/false/output_too_large":         0,
+	}, points)
+	for _, name := range []string{"watermill.idempotency.takeovers", "watermill.idempotency.replayed.messages"} {
+		dps := data[name].(metricdata.Sum[int64]).DataPoints
+		require.Len(t, dps, 1, name)
+		require.Zero(t, dps[0].Value, name)
+	}
 }

@@ -40,6 +40,16 @@ type StoreConfig struct {
 	RecordKey bool
 }
 
+// storeHistogram creates watermill.idempotency.store.operation.duration,
+// the same instrument for the instrumented store and the gauges'
+// collections.
+func storeHistogram(meter metric.Meter) (metric.Float64Histogram, error) {
+	return meter.Float64Histogram("watermill.idempotency.store.operation.duration",
+		metric.WithUnit("s"),
+		metric.WithDescription("How long each call to the idempotency store took."),
+		metric.WithExplicitBucketBoundaries(storeBuckets...))
+}
+
 // The store operations, as the operation attribute names them.
 const (
 	opAcquire = iota
@@ -79,10 +89,7 @@ func InstrumentStore(store backends.Store, cfg StoreConfig) (backends.Store, err
 	if storekit.IsNil(mp) {
 		mp = otel.GetMeterProvider()
 	}
-	hist, err := mp.Meter(ScopeName).Float64Histogram("watermill.idempotency.store.operation.duration",
-		metric.WithUnit("s"),
-		metric.WithDescription("How long each call to the idempotency store took."),
-		metric.WithExplicitBucketBoundaries(storeBuckets...))
+	hist, err := storeHistogram(mp.Meter(ScopeName))
 	if err != nil {
 		return nil, fmt.Errorf("idemotel: creating the store histogram: %w", err)
 	}

@@ -23,17 +23,20 @@
 //	NATS_URL             a NATS server with JetStream (nats://...)
 //	SQS_ENDPOINT         goaws, an SQS emulator (http://...)
 //	DYNAMODB_ENDPOINT    dynalite, a DynamoDB emulator (http://...)
+//	PROMETHEUS_BIN       the directory of prometheus and promtool: not a
+//	                     server, the tests start their own
 //	IDEM_TEST_RUN        this run's id; tests put it in every name they
 //	                     create on a server they share
 //
 // and PATH extended with the Postgres server programs (initdb, pg_ctl),
 // which some tests run themselves.
 //
-// A variable that is already set names a server of the user's: testenv
-// starts none for it and uses it as given, except that on Postgres and
-// MariaDB it creates a database of this run's own, passes that one, and
-// drops it afterwards, and on Redis it deletes, afterwards, every key that
-// holds this run's id. No server the user runs is used otherwise.
+// A variable that is already set names a server of the user's (or, for
+// PROMETHEUS_BIN, the user's programs): testenv starts none for it and
+// uses it as given, except that on Postgres and MariaDB it creates a
+// database of this run's own, passes that one, and drops it afterwards,
+// and on Redis it deletes, afterwards, every key that holds this run's id.
+// No server the user runs is used otherwise.
 //
 // When the command ends, or testenv is interrupted (Ctrl-C, SIGTERM),
 // every server is stopped and the temporary directory removed. A testenv

@@ -49,6 +49,10 @@ var (
 	progEpmd   = &program{names: []string{"epmd"}, dirs: []string{"/usr/lib/erlang/bin"}, pkgs: []string{"rabbitmq-server"}}
 	progNode   = &program{names: []string{"node", "nodejs"}, pkgs: []string{"nodejs"}}
 	progNpm    = &program{names: []string{"npm"}, pkgs: []string{"npm"}}
+	// prometheus and promtool: the tests of monitoring/ start a Prometheus
+	// of their own and check its rules with promtool.
+	progPrometheus = &program{names: []string{"prometheus"}, pkgs: []string{"prometheus"}}
+	progPromtool   = &program{names: []string{"promtool"}, pkgs: []string{"prometheus"}}
 	// go test -race needs cgo: a C compiler and the C library's headers.
 	progCC = &program{names: []string{"gcc", "cc"}, pkgs: []string{"gcc", "libc6-dev"}}
 )
@@ -200,7 +204,7 @@ func install(ctx context.Context, progs []*program) error {
 	case debianLike() && noApt == nil:
 		return fmt.Errorf("the tests need %s, which this machine lacks. Install them, then run the tests again:\n\n    sudo apt-get update && sudo %s", names(progs), aptLine)
 	case runtime.GOOS == "darwin":
-		return fmt.Errorf("the tests need %s, which this machine lacks. Install them (Homebrew: brew install redis postgresql@15 mariadb rabbitmq node; a C compiler: xcode-select --install), put them on PATH and run the tests again", names(progs))
+		return fmt.Errorf("the tests need %s, which this machine lacks. Install them (Homebrew: brew install redis postgresql@15 mariadb rabbitmq node prometheus; a C compiler: xcode-select --install), put them on PATH and run the tests again", names(progs))
 	default:
 		return fmt.Errorf("the tests need %s, which this machine lacks. Install them with the system's package manager (on Debian or Ubuntu: %s), put them on PATH and run the tests again", names(progs), aptLine)
 	}

@@ -150,6 +150,37 @@ var allServices = []*service{
 		},
 		shared: reachable,
 	},
+	{
+		// Not a server: the directory of prometheus and promtool, for
+		// tests that start a Prometheus of their own (on a port and with a
+		// configuration only they know) and check rules with promtool.
+		name: "prometheus", envVar: "PROMETHEUS_BIN", programs: []*program{progPrometheus, progPromtool},
+		start: func(_ context.Context, e *env) (string, error) {
+			return prometheusBin(e.tools.bin(progPrometheus), e.tools.bin(progPromtool))
+		},
+		shared: func(_ context.Context, _ *env, dir string) (string, error) {
+			return prometheusBin(filepath.Join(dir, "prometheus"), filepath.Join(dir, "promtool"))
+		},
+	},
+}
+
+// prometheusBin returns the directory of the prometheus and promtool
+// programs, which must both be there.
+func prometheusBin(prometheus, promtool string) (string, error) {
+	dir := filepath.Dir(prometheus)
+	for _, p := range []string{prometheus, promtool} {
+		st, err := os.Stat(p)
+		if err != nil {
+			return "", err
+		}
+		if st.IsDir() || st.Mode()&0o111 == 0 {
+			return "", fmt.Errorf("%s is not a program", p)
+		}
+		if filepath.Dir(p) != dir {
+			return "", fmt.Errorf("prometheus (%s) and promtool (%s) are in different directories", prometheus, promtool)
+		}
+	}
+	return dir, nil
 }
 
 // dynaliteGuard is loaded into dynalite's Node process before dynalite.

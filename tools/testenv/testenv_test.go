@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 )
@@ -63,5 +65,30 @@ func TestSelectServices(t *testing.T) {
 	}
 	if _, err := selectServices("redis,kafka"); err == nil {
 		t.Error("an unknown service was accepted")
+	}
+}
+
+func TestPrometheusBin(t *testing.T) {
+	dir, other := t.TempDir(), t.TempDir()
+	write := func(path string, mode os.FileMode) string {
+		t.Helper()
+		if err := os.WriteFile(path, []byte("#!/bin/sh\n"), mode); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	prom := write(filepath.Join(dir, "prometheus"), 0o755)
+	tool := write(filepath.Join(dir, "promtool"), 0o755)
+	if got, err := prometheusBin(prom, tool); err != nil || got != dir {
+		t.Errorf("prometheusBin = %q, %v; want %q", got, err, dir)
+	}
+	if _, err := prometheusBin(prom, write(filepath.Join(other, "promtool"), 0o755)); err == nil {
+		t.Error("programs in two directories were accepted")
+	}
+	if _, err := prometheusBin(prom, filepath.Join(dir, "missing")); err == nil {
+		t.Error("a missing promtool was accepted")
+	}
+	if _, err := prometheusBin(prom, write(filepath.Join(dir, "notexec"), 0o644)); err == nil {
+		t.Error("a file that is not executable was accepted")
 	}
 }

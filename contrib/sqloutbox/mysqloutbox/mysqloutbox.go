@@ -57,6 +57,10 @@ var (
 	ErrOwnedTx = outbox.ErrOwnedTx
 	// ErrInvalidOptions wraps every error of New about its options.
 	ErrInvalidOptions = outbox.ErrInvalidOptions
+	// ErrBacklogUnsupported is returned by Backlog for an outbox whose
+	// Options.Schema or Options.Offsets is not the default one, whose
+	// tables it cannot read.
+	ErrBacklogUnsupported = outbox.ErrBacklogUnsupported
 )
 
 // Options configures a MySQL outbox. The zero value is ready to use.
@@ -196,4 +200,17 @@ func (m *Outbox) Handler(fn HandlerFunc) message.NoPublishHandlerFunc {
 // Options set both.
 func (m *Outbox) NewForwarder(out message.Publisher, logger watermill.LoggerAdapter, cfg forwarder.Config) (*forwarder.Forwarder, error) {
 	return m.outbox.NewForwarder(out, logger, cfg)
+}
+
+// Backlog returns how many messages wait in the outbox for the Forwarder
+// (rows not marked forwarded), and how long the oldest of them has
+// waited, by the database's clock (zero if none does). It scans the
+// outbox table, as each read of the Forwarder does: prune forwarded rows
+// (docs/outbox.md) to keep both short. It implements contrib/otel's
+// OutboxBacklog, for the outbox gauges.
+//
+// It returns [ErrBacklogUnsupported] unless Options.Schema and
+// Options.Offsets are the defaults.
+func (m *Outbox) Backlog(ctx context.Context) (messages int64, oldest time.Duration, err error) {
+	return m.outbox.Backlog(ctx)
 }
