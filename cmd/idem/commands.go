@@ -381,7 +381,7 @@ type namespaceOpts struct{ namespace string }
 
 var statsCmd = &command{
 	name: "stats", args: "", store: true,
-	help: "count a namespace's records by state",
+	help: "count a namespace's records by state, and say when the oldest lease in progress was acquired",
 	flags: func(fs *flag.FlagSet) any {
 		o := &namespaceOpts{}
 		fs.StringVar(&o.namespace, "namespace", "", "the namespace; empty for every key")
@@ -397,12 +397,23 @@ var statsCmd = &command{
 			return err
 		}
 		if e.g.output == "json" {
-			err = printJSON(e.stdout, map[string]int64{
+			out := map[string]any{
 				"in_progress": c.InProgress, "expired": c.Expired, "released": c.Released, "completed": c.Completed, "total": c.Total(),
-			})
+				"oldest_in_progress": nil,
+			}
+			if !c.OldestInProgress.IsZero() {
+				out["oldest_in_progress"] = c.OldestInProgress.UTC()
+			}
+			err = printJSON(e.stdout, out)
 		} else {
-			_, err = fmt.Fprintf(e.stdout, "in_progress %d\nexpired     %d\nreleased    %d\ncompleted   %d\ntotal       %d\n",
-				c.InProgress, c.Expired, c.Released, c.Completed, c.Total())
+			// How long the oldest lease in progress has been held: what
+			// "stuck" means to an operator.
+			oldest := "-"
+			if !c.OldestInProgress.IsZero() {
+				oldest = fmt.Sprintf("%s ago, at %s", ago(c.OldestInProgress), stamp(c.OldestInProgress))
+			}
+			_, err = fmt.Fprintf(e.stdout, "in_progress %d\nexpired     %d\nreleased    %d\ncompleted   %d\ntotal       %d\noldest in progress acquired %s\n",
+				c.InProgress, c.Expired, c.Released, c.Completed, c.Total(), oldest)
 		}
 		if err == nil && c.Total() == 0 {
 			e.explainEmpty(ctx, ns)

@@ -452,15 +452,36 @@ func testListAndStats(t *testing.T, env []string) {
 			"total":   completed + released + inProgress,
 		}
 	}
+	var oldest *time.Time
 	stats := func() map[string]int64 {
 		t.Helper()
-		var got map[string]int64
+		var got map[string]json.RawMessage
 		require.NoError(t, json.Unmarshal([]byte(ok(t, env, "stats", "--namespace", "stats", "-o", "json")), &got))
-		return got
+		counts := map[string]int64{}
+		for k, v := range got {
+			if k == "oldest_in_progress" {
+				oldest = nil
+				require.NoError(t, json.Unmarshal(v, &oldest))
+				continue
+			}
+			var n int64
+			require.NoError(t, json.Unmarshal(v, &n), k)
+			counts[k] = n
+		}
+		return counts
 	}
 	want := fromCounters()
 	require.Equal(t, map[string]int64{"completed": 4, "released": 1, "in_progress": 1, "expired": 0, "total": 6}, want)
 	require.Equal(t, want, stats(), "counters %v", counters.Snapshot())
+	// The held lease is the oldest in progress: acquired when the held
+	// delivery took it, as its record says.
+	var rec struct {
+		AcquiredAt time.Time `json:"acquired_at"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(ok(t, env, "inspect", "stats:held", "-o", "json")), &rec))
+	require.NotNil(t, oldest, "the held lease is in progress")
+	require.True(t, oldest.Equal(rec.AcquiredAt), "oldest in progress %v, the held record acquired at %v", oldest, rec.AcquiredAt)
+	require.Contains(t, ok(t, env, "stats", "--namespace", "stats"), "oldest in progress acquired ")
 
 	// Once the held handler returns, its record is completed.
 	close(finish)
@@ -468,6 +489,8 @@ func testListAndStats(t *testing.T, env []string) {
 	want = fromCounters()
 	require.Equal(t, map[string]int64{"completed": 5, "released": 1, "in_progress": 0, "expired": 0, "total": 6}, want)
 	require.Equal(t, want, stats(), "counters %v", counters.Snapshot())
+	require.Nil(t, oldest, "no lease in progress")
+	require.Contains(t, ok(t, env, "stats", "--namespace", "stats"), "oldest in progress acquired -\n")
 }
 
 // holdInHandler starts a delivery of uuid in namespace ns whose handler
