@@ -27,11 +27,11 @@ require (
 	github.com/rabbitmq/amqp091-go v1.10.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
-	github.com/watermill-idempotency/idempotency v0.1.0
-	github.com/watermill-idempotency/idempotency/backends/dynamostore v0.1.0
-	github.com/watermill-idempotency/idempotency/backends/mysqlstore v0.1.0
-	github.com/watermill-idempotency/idempotency/contrib/awssqs v0.1.0
-	github.com/watermill-idempotency/idempotency/contrib/sqloutbox v0.1.0
+	github.com/watermill-idempotency/idempotency v0.2.0
+	github.com/watermill-idempotency/idempotency/backends/dynamostore v0.2.0
+	github.com/watermill-idempotency/idempotency/backends/mysqlstore v0.2.0
+	github.com/watermill-idempotency/idempotency/contrib/awssqs v0.2.0
+	github.com/watermill-idempotency/idempotency/contrib/sqloutbox v0.2.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
 )
@@ -132,7 +132,7 @@ require (
 	github.com/tidwall/match v1.1.1 // indirect
 	github.com/tidwall/pretty v1.2.0 // indirect
 	github.com/vmihailenco/msgpack v4.0.4+incompatible // indirect
-	github.com/watermill-idempotency/idempotency/contrib/otel v0.1.0
+	github.com/watermill-idempotency/idempotency/contrib/otel v0.2.0
 	github.com/xhit/go-str2duration/v2 v2.1.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v4 v4.0.0-rc.4 // indirect

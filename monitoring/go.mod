@@ -6,9 +6,9 @@ require (
 	github.com/ThreeDotsLabs/watermill v1.5.3
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0
-	github.com/watermill-idempotency/idempotency v0.1.0
-	github.com/watermill-idempotency/idempotency/contrib/otel v0.1.0
-	github.com/watermill-idempotency/idempotency/contrib/sqloutbox v0.1.0
+	github.com/watermill-idempotency/idempotency v0.2.0
+	github.com/watermill-idempotency/idempotency/contrib/otel v0.2.0
+	github.com/watermill-idempotency/idempotency/contrib/sqloutbox v0.2.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
 	go.yaml.in/yaml/v3 v3.0.5

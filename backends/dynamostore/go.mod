@@ -8,7 +8,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.73.1
 	github.com/aws/smithy-go v1.28.8
 	github.com/stretchr/testify v1.12.1
-	github.com/watermill-idempotency/idempotency v0.1.0
+	github.com/watermill-idempotency/idempotency v0.2.0
 )
 
 require (

@@ -6,7 +6,7 @@ require (
 	github.com/ThreeDotsLabs/watermill v1.5.3
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/stretchr/testify v1.12.1
-	github.com/watermill-idempotency/idempotency v0.1.0
+	github.com/watermill-idempotency/idempotency v0.2.0
 )
 
 require (

@@ -12,9 +12,9 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
-	github.com/watermill-idempotency/idempotency v0.1.0
-	github.com/watermill-idempotency/idempotency/backends/dynamostore v0.1.0
-	github.com/watermill-idempotency/idempotency/backends/mysqlstore v0.1.0
+	github.com/watermill-idempotency/idempotency v0.2.0
+	github.com/watermill-idempotency/idempotency/backends/dynamostore v0.2.0
+	github.com/watermill-idempotency/idempotency/backends/mysqlstore v0.2.0
 )
 
 require (

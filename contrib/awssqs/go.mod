@@ -9,7 +9,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/credentials v1.18.6
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.42.27
 	github.com/stretchr/testify v1.12.1
-	github.com/watermill-idempotency/idempotency v0.1.0
+	github.com/watermill-idempotency/idempotency v0.2.0
 )
 
 require (

@@ -9,8 +9,8 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/watermill-idempotency/idempotency v0.1.0
-	github.com/watermill-idempotency/idempotency/backends/mysqlstore v0.1.0
+	github.com/watermill-idempotency/idempotency v0.2.0
+	github.com/watermill-idempotency/idempotency/backends/mysqlstore v0.2.0
 )
 
 require (
