@@ -28,7 +28,8 @@ func New(cfg Config) (*Idempotency, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Idempotency{cfg: cfg, guard: newGuard(cfg.MaxConcurrentAcquires, cfg.Timing.StoreBackoff), repeats: newRepeats(cfg.Timing.PoisonBackoff)}, nil
+	return &Idempotency{cfg: cfg, guard: newGuard(cfg.MaxConcurrentAcquires, cfg.Timing.StoreBackoff), repeats: newRepeats(cfg.Timing.PoisonBackoff),
+		logs: logLimit{logger: cfg.Logger}}, nil
 }
 
 // Middleware wraps h so that it runs at most once to completion per key.

@@ -30,7 +30,7 @@ func (m *Idempotency) finish(d *delivery, o Outcome, out []*message.Message, err
 	}
 	if err != nil && IsPoison(err) {
 		// It will fail the same way when it comes back: do not let a
-		// broker that redelivers at once spin on it (pace.go).
+		// broker that redelivers at once spin on it (poison.go).
 		sleep(d.msg.Context(), m.repeats.failed(d.ev.MessageUUID, time.Now()), nil)
 	}
 	return out, err
@@ -64,7 +64,7 @@ func (m *Idempotency) log(d *delivery) {
 	case OutcomeDuplicate, OutcomeInProgress, OutcomeCanceled:
 		m.cfg.Logger.Debug("idempotency: "+o.String(), f)
 	default:
-		if m.logs.allow(o, time.Now(), d.ev.Err, f, m.cfg.Logger) {
+		if m.logs.allow(o, time.Now(), d.ev.Err, f) {
 			m.cfg.Logger.Error("idempotency: "+o.String(), d.ev.Err, f)
 		}
 	}
@@ -78,31 +78,33 @@ func (m *Idempotency) log(d *delivery) {
 // messages without a key) logs one line a second. Every delivery is
 // accounted for: the lines logged plus their suppressed_since_last.
 type logLimit struct {
+	logger watermill.LoggerAdapter
+
 	mu    sync.Mutex
 	state [numOutcomes + 1]struct {
-		last       time.Time
-		suppressed int // left out since last, the newest kept below
+		last time.Time
+		// suppressed counts the lines left out since last, the newest kept
+		// as err and fields; while it is above zero, a flush is scheduled.
+		suppressed int
 		err        error
 		fields     watermill.LogFields
-		pending    bool // a flush is scheduled
 	}
 }
 
 const logInterval = time.Second
 
 // allow reports whether a line for outcome o may be logged now. If not,
-// it keeps the line (err and f) and makes sure it is logged to logger,
-// with the count of the others left out, when the interval ends.
-func (l *logLimit) allow(o Outcome, now time.Time, err error, f watermill.LogFields, logger watermill.LoggerAdapter) bool {
+// it keeps the line (err and f) and makes sure it is logged, with the
+// count of the others left out, when the interval ends.
+func (l *logLimit) allow(o Outcome, now time.Time, err error, f watermill.LogFields) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st := &l.state[o]
 	if !st.last.IsZero() && now.Sub(st.last) < logInterval {
 		st.suppressed++
 		st.err, st.fields = err, f
-		if !st.pending {
-			st.pending = true
-			time.AfterFunc(st.last.Add(logInterval).Sub(now), func() { l.flush(o, logger) })
+		if st.suppressed == 1 {
+			time.AfterFunc(st.last.Add(logInterval).Sub(now), func() { l.flush(o) })
 		}
 		return false
 	}
@@ -110,23 +112,17 @@ func (l *logLimit) allow(o Outcome, now time.Time, err error, f watermill.LogFie
 	return true
 }
 
-// flush logs the newest line left out for o, if any, with the count of
-// the others.
-func (l *logLimit) flush(o Outcome, logger watermill.LoggerAdapter) {
+// flush logs the newest line left out for o with the count of the
+// others.
+func (l *logLimit) flush(o Outcome) {
 	l.mu.Lock()
 	st := &l.state[o]
-	st.pending = false
 	n, err, f := st.suppressed, st.err, st.fields
 	st.suppressed, st.err, st.fields = 0, nil, nil
-	if n > 0 {
-		st.last = time.Now()
-	}
+	st.last = time.Now()
 	l.mu.Unlock()
-	if n == 0 {
-		return
-	}
 	if n > 1 {
 		f["suppressed_since_last"] = n - 1
 	}
-	logger.Error("idempotency: "+o.String(), err, f)
+	l.logger.Error("idempotency: "+o.String(), err, f)
 }
