@@ -332,6 +332,27 @@ func (r *release) prepare(ctx context.Context) error {
 		if err := os.WriteFile(name, data, 0o644); err != nil {
 			return err
 		}
+		if r.cl == nil {
+			continue
+		}
+		// The siblings' sums are of the zips this run serves, not of
+		// those a go.sum recorded: HEAD checked as the newest release
+		// (nothing under [Unreleased]) may differ from what was tagged.
+		sum := filepath.Join(r.src, filepath.FromSlash(m.Dir), "go.sum")
+		old, err := readOptional(sum)
+		if err != nil {
+			return err
+		}
+		if old == nil {
+			continue
+		}
+		kept := strings.Join(foreignSumLines(old, r.ws.isSibling), "\n")
+		if kept != "" {
+			kept += "\n"
+		}
+		if err := os.WriteFile(sum, []byte(kept), 0o644); err != nil {
+			return err
+		}
 	}
 	work, err := rewriteGoWork(r.ws.WorkData, r.ws.Mods, r.version)
 	if err != nil {
