@@ -19,13 +19,13 @@ import (
 // return at once. It also returns when the successful call was sent, which
 // starts the lease.
 func (m *Idempotency) acquire(d *delivery) (backends.AcquireResult, time.Time, error) {
-	if err := m.guard.enter(d.msg.Context()); err != nil {
+	if err := m.guard.enter(d.ctx); err != nil {
 		return backends.AcquireResult{}, time.Time{}, fmt.Errorf("waiting for a store slot: %w", err)
 	}
 	defer m.guard.leave()
-	ctx := withDeadline(d.ctx, m.cfg.Timing.StoreTimeout)
+	ctx := withDeadline(d.base, m.cfg.Timing.StoreTimeout)
 	defer ctx.stop()
-	req := backends.AcquireRequest{Key: d.key, Owner: d.owner, LeaseTTL: m.cfg.LeaseTTL, Retention: m.cfg.Retention, Fingerprint: d.fp, Origin: origin(d.ev.MessageUUID, d.ev.Handler)}
+	req := backends.AcquireRequest{Key: d.key, Owner: d.owner, LeaseTTL: m.cfg.LeaseTTL, Retention: m.cfg.Retention, Fingerprint: d.fp, Origin: d.origin}
 	var last error
 	for {
 		t, err := m.guard.admit(ctx)

@@ -77,7 +77,7 @@ func (m *Idempotency) fingerprint(msg *message.Message) []byte {
 
 // mismatch reports whether the key's record was first acquired with
 // another fingerprint, and notes it in the event.
-func (m *Idempotency) mismatch(d *delivery, res backends.AcquireResult) bool {
+func (m *Idempotency) mismatched(d *delivery, res backends.AcquireResult) bool {
 	if d.fp == nil || res.Fingerprint == nil || bytes.Equal(d.fp, res.Fingerprint) {
 		return false
 	}

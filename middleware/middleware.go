@@ -4,15 +4,15 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/ThreeDotsLabs/watermill/message"
-
 	"github.com/watermill-idempotency/idempotency/backends"
 )
 
 // Idempotency is the middleware. Create it with [New] and add its
-// [Idempotency.Middleware] method to a router or a handler. It is safe for
-// concurrent use and may be shared by several handlers: each gets its own
-// key namespace (the handler name) unless Config.Namespace is set.
+// [Idempotency.Middleware] method to a router or a handler; run any
+// function through it with [Do], and HTTP requests with package httpidem.
+// It is safe for concurrent use and may be shared by several handlers:
+// each gets its own key namespace (the handler name) unless
+// Config.Namespace is set.
 type Idempotency struct {
 	cfg      Config
 	guard    *guard
@@ -32,77 +32,94 @@ func New(cfg Config) (*Idempotency, error) {
 		logs: logLimit{logger: cfg.Logger}}, nil
 }
 
-// Middleware wraps h so that it runs at most once to completion per key.
-// Its signature is message.HandlerMiddleware.
-func (m *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		return m.handle(msg, h)
-	}
+// delivery carries one call through the state machine: a message through
+// the Watermill middleware, a function through [Do], a request through
+// package httpidem. Each of those doors fills it and reads its work's
+// result after [Idempotency.handle].
+type delivery struct {
+	ctx    context.Context // the caller's: done when the caller gives up (the router closes, the client leaves)
+	base   context.Context // ctx without its cancellation, for the calls that settle the key
+	w      work
+	key    string // the full key, namespace included
+	owner  string
+	fp     []byte
+	origin string // for the store's record (AcquireRequest.Origin)
+	ev     Event
+
+	// What differs by door.
+	noWait   bool           // a key in progress is reported at once, not waited for
+	mismatch MismatchPolicy // what a fingerprint mismatch does
+	paced    bool           // store errors and repeated poison pause before returning (a broker redelivers at once)
 }
 
-// delivery carries one message through the state machine.
-type delivery struct {
-	msg   *message.Message
-	ctx   context.Context // msg's context, not cancelled by ack or nack
-	key   string
-	owner string
-	fp    []byte
-	ev    Event
+// work is what a door runs under a lease, and how it stores and replays
+// its result.
+type work interface {
+	// run does the work, with the lease in ctx, and returns what to store
+	// with the key's completion for duplicates to replay.
+	run(ctx context.Context) (output []byte, err error)
+	// replay hands a duplicate the output stored with the completion, and
+	// returns the number of messages it replays (for Event.Replayed).
+	replay(output []byte) (int, error)
+	// txOutput is the output to record when the work completes its key in
+	// a transaction of its own: see [CompletionOutput].
+	txOutput() ([]byte, error)
+}
+
+func (m *Idempotency) newDelivery(ctx context.Context, w work) *delivery {
+	return &delivery{ctx: ctx, base: context.WithoutCancel(ctx), w: w, owner: newOwner(), mismatch: m.cfg.OnFingerprintMismatch}
 }
 
 // handle takes one delivery through the state machine that
-// docs/concepts.md draws: key, lease, then run, replay, wait or nack.
-func (m *Idempotency) handle(msg *message.Message, h message.HandlerFunc) ([]*message.Message, error) {
-	d := &delivery{msg: msg, ctx: context.WithoutCancel(msg.Context()), owner: newOwner()}
-	d.ev.MessageUUID, d.ev.Handler = msg.UUID, message.HandlerNameFromCtx(msg.Context())
-	m.warnSharedTopic(msg, d.ev.Handler)
-
+// docs/concepts.md draws: lease, then run, replay, wait or refuse. d.key is
+// set, or keyErr says why there is no usable key. It returns the error for
+// the caller; the outcome is in d.ev.
+func (m *Idempotency) handle(d *delivery, keyErr error) error {
 	// No usable key: reject, or run unprotected (OnKeyError).
-	key, err := m.key(msg, d.ev.Handler)
-	if err != nil {
+	if keyErr != nil {
 		if m.cfg.OnKeyError == KeyErrorRunUnprotected {
-			return m.runUnprotected(d, h, err)
+			return m.runUnprotected(d, keyErr)
 		}
-		return m.finish(d, OutcomeKeyError, nil, err)
+		return m.finish(d, OutcomeKeyError, keyErr)
 	}
-	d.key, d.ev.Key, d.fp = key, key, m.fingerprint(msg)
+	d.ev.Key = d.key
 
 	// Take the lease, or learn that the key is completed or in progress.
 	res, sentAt, err := m.acquire(d)
 	switch {
-	case err != nil && msg.Context().Err() != nil: // the router is closing
-		return m.finish(d, OutcomeCanceled, nil, err)
+	case err != nil && d.ctx.Err() != nil: // the caller is gone
+		return m.finish(d, OutcomeCanceled, err)
 	case err != nil && m.cfg.OnStoreError == StoreErrorRunUnprotected:
-		return m.runUnprotected(d, h, fmt.Errorf("%w: acquire %q: %w", ErrStore, key, err))
+		return m.runUnprotected(d, fmt.Errorf("%w: acquire %q: %w", ErrStore, d.key, err))
 	case err != nil:
-		return m.storeError(d, fmt.Errorf("%w: acquire %q: %w", ErrStore, key, err))
+		return m.storeError(d, fmt.Errorf("%w: acquire %q: %w", ErrStore, d.key, err))
 	}
 
 	// In progress: wait until the holder completes or gives the key up.
-	if res.Status == backends.InProgress && !m.mismatch(d, res) {
+	if res.Status == backends.InProgress && !d.noWait && !m.mismatched(d, res) {
 		res, sentAt, err = m.waitForHolder(d, res)
 		switch {
-		case err != nil && msg.Context().Err() != nil:
-			return m.finish(d, OutcomeCanceled, nil, err)
+		case err != nil && d.ctx.Err() != nil:
+			return m.finish(d, OutcomeCanceled, err)
 		case err != nil:
 			return m.storeError(d, err)
 		}
 	}
 
 	// Another payload under this key: reject, or go on (OnFingerprintMismatch).
-	if m.mismatch(d, res) && m.cfg.OnFingerprintMismatch == MismatchReject {
+	if m.mismatched(d, res) && d.mismatch == MismatchReject {
 		if res.Status == backends.Acquired {
 			m.release(d, nil, res.Lease)
 		}
-		return m.finish(d, OutcomeFingerprintMismatch, nil, fmt.Errorf("%w: key %q", ErrFingerprintMismatch, key))
+		return m.finish(d, OutcomeFingerprintMismatch, fmt.Errorf("%w: key %q", ErrFingerprintMismatch, d.key))
 	}
 
 	switch res.Status {
-	case backends.Acquired: // run the handler under the lease, then complete or release
-		return m.run(d, h, res.Lease, sentAt)
-	case backends.Completed: // a duplicate: ack, replaying the stored output
+	case backends.Acquired: // run the work under the lease, then complete or release
+		return m.run(d, res.Lease, sentAt)
+	case backends.Completed: // a duplicate: replay the stored output
 		return m.replay(d, res.Output)
-	default: // still in progress after the wait: nack, never ack
-		return m.finish(d, OutcomeInProgress, nil, &InProgressError{Key: key, Remaining: res.Remaining, Waited: d.ev.Waited})
+	default: // still in progress after the wait: refuse, never succeed
+		return m.finish(d, OutcomeInProgress, &InProgressError{Key: d.key, Remaining: res.Remaining, Waited: d.ev.Waited})
 	}
 }

@@ -5,35 +5,36 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// storeError reports a delivery that failed on the store, after a pause
-// (see guard.pause) so that a broker that redelivers a nack at once does
-// not turn a store outage into a storm of calls. The pause ends early if
-// the delivery is cancelled.
-func (m *Idempotency) storeError(d *delivery, err error) ([]*message.Message, error) {
-	sleep(d.msg.Context(), m.guard.pause(), nil)
-	return m.finish(d, OutcomeStoreError, nil, err)
+// storeError reports a delivery that failed on the store. A broker
+// delivery returns after a pause (see guard.pause), so that a broker that
+// redelivers a nack at once does not turn a store outage into a storm of
+// calls; the pause ends early if the delivery is cancelled.
+func (m *Idempotency) storeError(d *delivery, err error) error {
+	if d.paced {
+		sleep(d.ctx, m.guard.pause(), nil)
+	}
+	return m.finish(d, OutcomeStoreError, err)
 }
 
-// finish reports the outcome and returns what the handler should return.
-// When err is nil, a non-nil d.ev.Err is kept as the event's error.
-func (m *Idempotency) finish(d *delivery, o Outcome, out []*message.Message, err error) ([]*message.Message, error) {
+// finish reports the outcome and returns the error for the caller. When
+// err is nil, a non-nil d.ev.Err is kept as the event's error.
+func (m *Idempotency) finish(d *delivery, o Outcome, err error) error {
 	d.ev.Outcome = o
 	if err != nil {
 		d.ev.Err = err
 	}
 	m.log(d)
 	if m.cfg.Observer != nil {
-		m.cfg.Observer.Observe(d.ctx, d.ev)
+		m.cfg.Observer.Observe(d.base, d.ev)
 	}
-	if err != nil && IsPoison(err) {
+	if d.paced && err != nil && IsPoison(err) {
 		// It will fail the same way when it comes back: do not let a
 		// broker that redelivers at once spin on it (poison.go).
-		sleep(d.msg.Context(), m.repeats.failed(d.ev.MessageUUID, time.Now()), nil)
+		sleep(d.ctx, m.repeats.failed(d.ev.MessageUUID, time.Now()), nil)
 	}
-	return out, err
+	return err
 }
 
 func (m *Idempotency) fields(d *delivery) watermill.LogFields {

@@ -22,7 +22,7 @@ func (m *Idempotency) settle(d *delivery, k *keeper, op func(ctx context.Context
 	b := backoff{Backoff: Backoff{Initial: t.StoreBackoff.Initial, Max: min(t.StoreBackoff.Max, max(m.cfg.LeaseTTL/leaseMargin, t.StoreBackoff.Initial))}}
 	var lost <-chan struct{} // nil, never ready, without a keeper
 	for {
-		ctx := withDeadline(d.ctx, t.StoreTimeout)
+		ctx := withDeadline(d.base, t.StoreTimeout)
 		err = op(ctx)
 		ctx.stop()
 		attempts++
@@ -32,7 +32,7 @@ func (m *Idempotency) settle(d *delivery, k *keeper, op func(ctx context.Context
 		if lost == nil && k != nil {
 			lost = k.done() // made on first use: most settlements never retry
 		}
-		if !b.wait(d.ctx, limit, lost) {
+		if !b.wait(d.base, limit, lost) {
 			return attempts, err
 		}
 	}
@@ -43,7 +43,7 @@ func (m *Idempotency) settle(d *delivery, k *keeper, op func(ctx context.Context
 // retries transient failures with Timing.StoreBackoff's pauses within
 // StoreTimeout: its answer decides between an ack and a nack.
 func (m *Idempotency) completedUnder(d *delivery, lease backends.Lease) bool {
-	ctx := withDeadline(d.ctx, m.cfg.Timing.StoreTimeout)
+	ctx := withDeadline(d.base, m.cfg.Timing.StoreTimeout)
 	defer ctx.stop()
 	b := backoff{Backoff: m.cfg.Timing.StoreBackoff}
 	for {

@@ -48,9 +48,9 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 		if w.watching() {
 			pause = jitter(t.WatchedPoll)
 		}
-		switch sleep(d.msg.Context(), min(pause, res.Remaining+time.Millisecond, left), w.changed) {
+		switch sleep(d.ctx, min(pause, res.Remaining+time.Millisecond, left), w.changed) {
 		case cancelled:
-			return res, sentAt, fmt.Errorf("waiting for key %q: %w", d.key, d.msg.Context().Err())
+			return res, sentAt, fmt.Errorf("waiting for key %q: %w", d.key, d.ctx.Err())
 		case woken:
 			wakes++
 			if wakes == 1 {
@@ -64,14 +64,14 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 			// ask covers any change until the new watch is in place, and
 			// ask no sooner than the poll backoff allows.
 			w.rewatch()
-			if sleep(d.msg.Context(), min(time.Until(lastAsk.Add(interval)), time.Until(deadline)), nil) == cancelled {
-				return res, sentAt, fmt.Errorf("waiting for key %q: %w", d.key, d.msg.Context().Err())
+			if sleep(d.ctx, min(time.Until(lastAsk.Add(interval)), time.Until(deadline)), nil) == cancelled {
+				return res, sentAt, fmt.Errorf("waiting for key %q: %w", d.key, d.ctx.Err())
 			}
 		}
 
 		var err error
 		lastAsk = time.Now()
-		if res, sentAt, err = m.look(d); err != nil || m.mismatch(d, res) {
+		if res, sentAt, err = m.look(d); err != nil || m.mismatched(d, res) {
 			return res, sentAt, err
 		}
 		// Not watching: after the first wake above, or because the store
@@ -123,7 +123,7 @@ func (w *waiter) rewatch() {
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(w.d.msg.Context(), w.m.cfg.Timing.StoreTimeout)
+	ctx, cancel := context.WithTimeout(w.d.ctx, w.m.cfg.Timing.StoreTimeout)
 	defer cancel()
 	changed, end, ok := watcher.Watch(ctx, w.d.key)
 	w.end = end
