@@ -66,6 +66,13 @@ func origin(uuid, handler string) string {
 	if handler != "" {
 		o += " handler=" + originValue(handler)
 	}
+	return cutOrigin(o)
+}
+
+// cutOrigin makes o valid UTF-8 without NUL, and cuts it to
+// backends.MaxOriginBytes on a rune boundary.
+func cutOrigin(o string) string {
+	o = strings.ReplaceAll(strings.ToValidUTF8(o, "\uFFFD"), "\x00", "")
 	if len(o) > backends.MaxOriginBytes {
 		o = o[:backends.MaxOriginBytes]
 		for len(o) > 0 && !utf8.ValidString(o) {

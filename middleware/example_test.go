@@ -161,3 +161,42 @@ func ExampleKeyError() {
 	// true true true true
 	// idempotency: no usable key for message m-1: keyfunc: no key: metadata "Idempotency-Key" is missing or empty
 }
+
+// Any function, run at most once to completion per key: a job that a cron
+// fires twice, a call to a payment provider retried after a timeout. The
+// second call returns the first one's stored result.
+func ExampleDo() {
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	idem, err := idempotency.New(idempotency.Config{
+		Store:     store,
+		Namespace: "payments", // required for Do: the key space
+	})
+	if err != nil {
+		panic(err)
+	}
+	type Receipt struct {
+		ID     string
+		Amount int
+	}
+	charges := 0
+	charge := func(ctx context.Context) (Receipt, error) {
+		lease, _ := idempotency.LeaseFromContext(ctx) // pass lease.Token to the payment system
+		charges++
+		return Receipt{ID: fmt.Sprintf("rcpt-%d", lease.Token), Amount: 1200}, nil
+	}
+	for range 2 {
+		r, err := idempotency.Do(context.Background(), idem, "order-42", charge)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("%s %d\n", r.ID, r.Amount)
+	}
+	fmt.Println("charges:", charges)
+	// Output:
+	// rcpt-1 1200
+	// rcpt-1 1200
+	// charges: 1
+}

@@ -43,39 +43,57 @@ func (m *Idempotency) key(msg *message.Message, handler string) (string, error) 
 		}
 	}
 	k, err := m.cfg.Key.Key(msg)
-	if err == nil && k == "" {
-		err = errors.New("the extractor returned an empty key")
-	}
 	if err != nil {
 		return "", &KeyError{MessageUUID: msg.UUID, Err: err}
 	}
-	full := ns + ":" + k
-	if len(full) > m.cfg.MaxKeyBytes {
-		return "", &KeyError{MessageUUID: msg.UUID, Err: fmt.Errorf("%w: %d bytes, the limit is %d", ErrKeyTooLong, len(full), m.cfg.MaxKeyBytes)}
-	}
-	return full, nil
+	return m.fullKey(ns, k, msg.UUID)
 }
 
-// fingerprint returns msg's fingerprint as the store records it: the
-// Fingerprint extractor's value, or its SHA-256 if it is longer than
-// backends.MaxFingerprintBytes. It is nil without a Fingerprint extractor
-// or a value from it.
+// fullKey returns ns + ":" + k, or a *KeyError (for the message uuid, if
+// any) if either is empty or the whole is longer than Config.MaxKeyBytes.
+func (m *Idempotency) fullKey(ns, k, uuid string) (string, error) {
+	var err error
+	switch {
+	case ns == "":
+		err = ErrNoNamespace
+	case k == "":
+		err = errors.New("the key is empty")
+	case len(ns)+1+len(k) > m.cfg.MaxKeyBytes:
+		err = fmt.Errorf("%w: %d bytes, the limit is %d", ErrKeyTooLong, len(ns)+1+len(k), m.cfg.MaxKeyBytes)
+	default:
+		return ns + ":" + k, nil
+	}
+	return "", &KeyError{MessageUUID: uuid, Err: err}
+}
+
+// fingerprint returns msg's fingerprint as the store records it (see
+// fingerprintBytes). It is nil without a Fingerprint extractor or a value
+// from it.
 func (m *Idempotency) fingerprint(msg *message.Message) []byte {
 	if m.cfg.Fingerprint == nil {
 		return nil
 	}
 	fp, err := m.cfg.Fingerprint.Key(msg)
-	if err != nil || fp == "" {
+	if err != nil {
 		return nil
 	}
-	if len(fp) > backends.MaxFingerprintBytes {
+	return fingerprintBytes(fp)
+}
+
+// fingerprintBytes returns fp as the store records it: as it is, or its
+// SHA-256 if it is longer than backends.MaxFingerprintBytes; nil if empty.
+func fingerprintBytes(fp string) []byte {
+	switch {
+	case fp == "":
+		return nil
+	case len(fp) > backends.MaxFingerprintBytes:
 		sum := sha256.Sum256([]byte(fp))
 		return sum[:]
 	}
 	return []byte(fp)
 }
 
-// mismatch reports whether the key's record was first acquired with
+// mismatched reports whether the key's record was first acquired with
 // another fingerprint, and notes it in the event.
 func (m *Idempotency) mismatched(d *delivery, res backends.AcquireResult) bool {
 	if d.fp == nil || res.Fingerprint == nil || bytes.Equal(d.fp, res.Fingerprint) {
