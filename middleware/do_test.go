@@ -211,4 +211,3 @@ func TestDoStorm(t *testing.T) {
 		}
 	}
 }
-
