@@ -67,6 +67,11 @@ func Run(t *testing.T, newFixture func(t *testing.T) Fixture) {
 			tc.fn(t, s, l)
 		})
 	}
+	for _, d := range doors {
+		for _, tc := range doorTests {
+			t.Run(d.name+"/"+tc.name, func(t *testing.T) { tc.fn(t, start(t), d) })
+		}
+	}
 	// The watch tests exist only for stores that can wake waiters: a
 	// store without backends.Watcher is polled, which the tests above
 	// cover.
