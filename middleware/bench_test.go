@@ -123,3 +123,44 @@ func BenchmarkHandlerDuplicate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDo measures Do on the in-memory store, a new key each time and
+// a completed key, against calling the function itself.
+func BenchmarkDo(b *testing.B) {
+	idem, err := middleware.New(middleware.Config{Store: newMemstore(), Namespace: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	fn := func(context.Context) (int, error) { return 42, nil }
+	ctx := context.Background()
+	b.Run("fn=plain", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := fn(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("fn=new-key", func(b *testing.B) {
+		prefix := "k" + strconv.FormatInt(benchRun.Add(1), 10) + "-"
+		i := 0
+		b.ReportAllocs()
+		for b.Loop() {
+			i++
+			if _, err := middleware.Do(ctx, idem, prefix+strconv.Itoa(i), fn); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("fn=duplicate", func(b *testing.B) {
+		if _, err := middleware.Do(ctx, idem, "dup", fn); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := middleware.Do(ctx, idem, "dup", fn); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
