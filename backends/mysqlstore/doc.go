@@ -1,7 +1,9 @@
 // Package mysqlstore is a [backends.Store] on MySQL or MariaDB (InnoDB),
 // on database/sql with go-sql-driver/mysql. It is its own Go module. Like
 // pgstore it completes a key in the handler's own transaction
-// ([Store.CompleteTx]), for exactly-once effects.
+// ([Store.CompleteTx]), for exactly-once effects; outside a Watermill
+// handler, [Store.CompleteTxOutput] does the same with the output the
+// middleware package's CompletionOutput returns.
 //
 //	db, err := sql.Open("mysql", "app:secret@tcp(db:3306)/app")
 //	store, err := mysqlstore.New(db, mysqlstore.Options{})

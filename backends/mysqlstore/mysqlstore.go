@@ -682,7 +682,24 @@ func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byt
 // committing it would record the work while leaving the key to be
 // processed again.
 func (s *Store) CompleteTx(ctx context.Context, tx Execer, lease backends.Lease, output []*message.Message) error {
-	return s.held(ctx, tx, "complete", s.sql.complete, lease, nilOrBytes(backends.EncodeOutput(output)))
+	return s.CompleteTxOutput(ctx, tx, lease, backends.EncodeOutput(output))
+}
+
+// CompleteTxOutput is [Store.CompleteTx] with the output already encoded,
+// as [Store.Complete] takes it: the bytes are stored as they are and
+// handed to the key's duplicates. It is for work that completes its own
+// key in its own transaction outside a Watermill handler (a function run
+// by the middleware package's Do, an HTTP handler behind its
+// Idempotency-Key door): pass what the middleware package's
+// CompletionOutput returns for the work's context, which is what that
+// door replays. It returns an error wrapping [backends.ErrInvalidRequest]
+// for a nil tx, and [backends.ErrLeaseLost] if the lease no longer holds
+// the key; on any error, roll tx back, as for CompleteTx.
+func (s *Store) CompleteTxOutput(ctx context.Context, tx Execer, lease backends.Lease, output []byte) error {
+	if tx == nil {
+		return fmt.Errorf("mysqlstore: complete: %w: nil transaction", backends.ErrInvalidRequest)
+	}
+	return s.held(ctx, tx, "complete", s.sql.complete, lease, nilOrBytes(output))
 }
 
 func nilOrBytes(b []byte) any {

@@ -217,3 +217,40 @@ func TestPoolSize(t *testing.T) {
 	db.SetMaxOpenConns(0)
 	require.Zero(t, s.PoolSize(), "no limit")
 }
+
+// CompleteTxOutput stores the bytes it is given exactly (not messages to
+// encode: here, bytes no message encoding starts with), and only if the
+// transaction commits: rolled back, the key stays held by the lease,
+// which can still complete it.
+func TestCompleteTxOutputStoresTheBytes(t *testing.T) {
+	t.Parallel()
+	db := openDB(t, 4, nil)
+	s := newStore(t, db, mysqlstore.Options{})
+	output := []byte("HTTP/1.1 201\x00\xff{\"id\":7}")
+	lease := acquire(t, s, "tx-output", "holder", time.Minute).Lease
+
+	require.ErrorIs(t, s.CompleteTxOutput(ctx(t), nil, lease, output), backends.ErrInvalidRequest, "a nil transaction")
+
+	tx, err := db.BeginTx(ctx(t), nil)
+	require.NoError(t, err)
+	require.NoError(t, s.CompleteTxOutput(ctx(t), tx, lease, output))
+	require.NoError(t, tx.Rollback())
+	rec, err := s.Inspect(ctx(t), lease.Key)
+	require.NoError(t, err)
+	require.Equal(t, backends.StateInProgress, rec.State, "rolled back: the key is still held")
+	require.Equal(t, lease.Token, rec.Token)
+	require.Nil(t, rec.Output)
+	require.NoError(t, s.Renew(ctx(t), lease, time.Minute), "the lease still holds the key")
+
+	tx, err = db.BeginTx(ctx(t), nil)
+	require.NoError(t, err)
+	require.NoError(t, s.CompleteTxOutput(ctx(t), tx, lease, output))
+	require.NoError(t, tx.Commit())
+	rec, err = s.Inspect(ctx(t), lease.Key)
+	require.NoError(t, err)
+	require.Equal(t, backends.StateCompleted, rec.State)
+	require.Equal(t, output, rec.Output, "the bytes as given")
+	dup := acquire(t, s, lease.Key, "duplicate", time.Minute)
+	require.Equal(t, backends.Completed, dup.Status)
+	require.Equal(t, output, dup.Output, "a duplicate gets the bytes as given")
+}

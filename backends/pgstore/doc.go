@@ -46,6 +46,9 @@
 // If it commits, every redelivery is dropped, even when the process dies
 // before the ack; if it rolls back, the key is retried. The middleware sees
 // that the handler completed the key and does not complete it again.
+// Outside a Watermill handler (a function run by the middleware package's
+// Do, an HTTP handler), [Store.CompleteTxOutput] does the same with the
+// output the middleware package's CompletionOutput returns.
 //
 // # Waking waiting duplicates
 //

@@ -501,7 +501,26 @@ func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byt
 // notification to the key's watchers, if any (see [Store.Watch]), is
 // delivered when tx commits, and never if it rolls back.
 func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, lease backends.Lease, output []*message.Message) error {
-	return s.complete(ctx, tx, lease, backends.EncodeOutput(output))
+	return s.CompleteTxOutput(ctx, tx, lease, backends.EncodeOutput(output))
+}
+
+// CompleteTxOutput is [Store.CompleteTx] with the output already encoded,
+// as [Store.Complete] takes it: the bytes are stored as they are and
+// handed to the key's duplicates. It is for work that completes its own
+// key in its own transaction outside a Watermill handler (a function run
+// by the middleware package's Do, an HTTP handler behind its
+// Idempotency-Key door): pass what the middleware package's
+// CompletionOutput returns for the work's context, which is what that
+// door replays. It returns an error wrapping [backends.ErrInvalidRequest]
+// for a nil tx, and [backends.ErrLeaseLost] if the lease no longer holds
+// the key; on any error, roll tx back.
+func (s *Store) CompleteTxOutput(ctx context.Context, tx pgx.Tx, lease backends.Lease, output []byte) error {
+	if tx == nil {
+		// A nil execer would complete through the store's own pool,
+		// outside the caller's transaction.
+		return fmt.Errorf("pgstore: complete: %w: nil transaction", backends.ErrInvalidRequest)
+	}
+	return s.complete(ctx, tx, lease, output)
 }
 
 func (s *Store) complete(ctx context.Context, db execer, lease backends.Lease, output []byte) error {

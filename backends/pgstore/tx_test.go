@@ -156,3 +156,40 @@ func TestTxCompletionIsRecognised(t *testing.T) {
 	require.Equal(t, idempotency.OutcomeProcessed, events[0].Outcome)
 	require.True(t, events[0].CompletedByHandler)
 }
+
+// CompleteTxOutput stores the bytes it is given exactly (not messages to
+// encode: here, bytes no message encoding starts with), and only if the
+// transaction commits: rolled back, the key stays held by the lease,
+// which can still complete it.
+func TestCompleteTxOutputStoresTheBytes(t *testing.T) {
+	pool := testserver.PostgresPool(t)
+	s := newStore(t, pool, pgstore.Options{})
+	ctx := context.Background()
+	output := []byte("HTTP/1.1 201\x00\xff{\"id\":7}")
+	lease := acquire(t, s, "tx-output", "holder").Lease
+
+	require.ErrorIs(t, s.CompleteTxOutput(ctx, nil, lease, output), backends.ErrInvalidRequest, "a nil transaction")
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, s.CompleteTxOutput(ctx, tx, lease, output))
+	require.NoError(t, tx.Rollback(ctx))
+	rec, err := s.Inspect(ctx, lease.Key)
+	require.NoError(t, err)
+	require.Equal(t, backends.StateInProgress, rec.State, "rolled back: the key is still held")
+	require.Equal(t, lease.Token, rec.Token)
+	require.Nil(t, rec.Output)
+	require.NoError(t, s.Renew(ctx, lease, time.Minute), "the lease still holds the key")
+
+	tx, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, s.CompleteTxOutput(ctx, tx, lease, output))
+	require.NoError(t, tx.Commit(ctx))
+	rec, err = s.Inspect(ctx, lease.Key)
+	require.NoError(t, err)
+	require.Equal(t, backends.StateCompleted, rec.State)
+	require.Equal(t, output, rec.Output, "the bytes as given")
+	dup := acquire(t, s, lease.Key, "duplicate")
+	require.Equal(t, backends.Completed, dup.Status)
+	require.Equal(t, output, dup.Output, "a duplicate gets the bytes as given")
+}
