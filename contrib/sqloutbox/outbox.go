@@ -19,12 +19,14 @@ const DefaultPollInterval = outbox.DefaultPollInterval
 // The errors are the same values in package mysqloutbox: errors.Is
 // matches either package's.
 var (
-	// ErrNoLease is returned by a handler made by Handler when the message
-	// carries no lease: the idempotency middleware does not wrap it.
+	// ErrNoLease is returned by WithTx when its context carries no lease
+	// (the work does not run under the idempotency middleware, Do or
+	// another of its doors), and by a handler made by Handler when the
+	// message's does (the middleware does not wrap it).
 	ErrNoLease = outbox.ErrNoLease
 	// ErrOwnedTx is returned by Commit and Rollback on the transaction a
-	// handler is given: the outbox commits it after the handler returns
-	// (and rolls it back if the handler fails).
+	// function or handler is given: the outbox commits it after the
+	// function returns (and rolls it back if the function fails).
 	ErrOwnedTx = outbox.ErrOwnedTx
 	// ErrInvalidOptions wraps every error of a constructor about its
 	// options.

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox/internal/outbox"
 )
@@ -21,9 +22,10 @@ type PgxDB interface {
 	wsql.Conn
 }
 
-// Postgres runs handlers in a transaction on Postgres that holds their
-// own writes, their output messages (in the outbox table) and the
-// completion of their idempotency key.
+// Postgres runs work in a transaction on Postgres that holds its own
+// writes, its output messages (in the outbox table) and the completion of
+// its idempotency key: a Watermill handler ([Postgres.Handler]), or any
+// work that runs under a lease ([Postgres.WithTx]).
 type Postgres struct {
 	outbox *outbox.Outbox
 	conn   PgxDB
@@ -47,8 +49,9 @@ func NewPostgres(db PgxDB, store *pgstore.Store, opts Options) (*Postgres, error
 // they do not exist. The store's own table is created by its Migrate.
 func (p *Postgres) Migrate(ctx context.Context) error { return p.outbox.Migrate(ctx) }
 
-// PgxTx is the transaction a handler made by [Postgres.Handler] runs in:
-// a pgx.Tx whose Commit and Rollback belong to the outbox, with Publish.
+// PgxTx is the transaction a function given to [Postgres.WithTx] (or a
+// handler made by [Postgres.Handler]) runs in: a pgx.Tx whose Commit and
+// Rollback belong to the outbox, with Publish.
 type PgxTx struct {
 	pgx.Tx
 	pub message.Publisher
@@ -62,59 +65,82 @@ func (t *PgxTx) Publish(topic string, msgs ...*message.Message) error {
 }
 
 // Commit returns ErrOwnedTx: the outbox commits the transaction after the
-// handler returns.
+// function returns.
 func (t *PgxTx) Commit(context.Context) error { return ErrOwnedTx }
 
-// Rollback returns ErrOwnedTx: return an error from the handler instead.
+// Rollback returns ErrOwnedTx: return an error from the function instead.
 func (t *PgxTx) Rollback(context.Context) error { return ErrOwnedTx }
+
+// WithTx runs fn in a transaction that holds its own writes (through tx),
+// its output messages (tx.Publish, into the outbox table) and the
+// completion of the idempotency key whose lease ctx carries; it commits
+// them together, or none of them. Use it in work that runs under a lease
+// outside a Watermill handler: a function given to the middleware
+// package's Do (pass WithTx the context Do gives the function), or an HTTP
+// handler behind the middleware's Idempotency-Key door. The key is
+// completed with the output that door records for duplicates
+// (middleware.CompletionOutput: none for Do, whose duplicates get the zero
+// value of its result), and the door does not complete it again.
+//
+// It begins a transaction on the outbox's database, runs fn, completes
+// the key in the transaction (pgstore.Store.CompleteTxOutput), and
+// commits. If fn fails or panics, or the key can no longer be completed by
+// this lease (an error wrapping backends.ErrLeaseLost), the transaction
+// rolls back and WithTx returns the error: nothing of it was recorded,
+// and the door releases the key for a retry. Without a lease in ctx (the
+// work does not run under the middleware, Do or another door) it returns
+// [ErrNoLease] and runs nothing. The lease must be of this outbox's store.
+func (p *Postgres) WithTx(ctx context.Context, fn func(tx *PgxTx) error) error {
+	return outbox.WithTx(ctx, p.outbox, p.begin, func(tx pgTx, pub message.Publisher) error {
+		return fn(&PgxTx{Tx: tx.tx, pub: pub})
+	})
+}
 
 // PgxHandlerFunc is a handler that writes its effects through tx and
 // publishes its output with tx.Publish. It returns no messages: what it
 // publishes goes through the outbox.
 type PgxHandlerFunc func(tx *PgxTx, msg *message.Message) error
 
-// Handler returns a handler for the router that begins a transaction,
-// runs fn in it, completes the message's idempotency key in it (with no
-// output to replay: the output is in the outbox), and commits. If fn
-// fails, or the key can no longer be completed by this lease, the
-// transaction rolls back and the handler fails: nothing of it was
-// recorded. The idempotency middleware, with this outbox's store, must
-// wrap the handler (router.AddMiddleware or idem.Middleware around it):
-// without a lease it fails with ErrNoLease.
+// Handler returns a handler for the router that runs fn through
+// [Postgres.WithTx], with the message's context: one transaction holds
+// fn's writes, its output messages and the completion of the message's
+// idempotency key (with no output to replay: the output is in the
+// outbox). If fn fails, or the key can no longer be completed by this
+// lease, the transaction rolls back and the handler fails: nothing of it
+// was recorded. The idempotency middleware, with this outbox's store,
+// must wrap the handler (router.AddMiddleware or idem.Middleware around
+// it): without a lease it fails with ErrNoLease.
 func (p *Postgres) Handler(fn PgxHandlerFunc) message.NoPublishHandlerFunc {
-	return func(msg *message.Message) (err error) {
-		l, err := outbox.Lease(msg)
-		if err != nil {
-			return err
-		}
-		ctx := msg.Context()
-		tx, err := p.conn.BeginTx(ctx, pgx.TxOptions{})
-		if err != nil {
-			return fmt.Errorf("sqloutbox: begin: %w", err)
-		}
-		defer func() {
-			if err != nil {
-				if rerr := tx.Rollback(context.WithoutCancel(ctx)); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) {
-					err = errors.Join(err, fmt.Errorf("sqloutbox: rollback: %w", rerr))
-				}
-			}
-		}()
-		pub, err := p.outbox.Publisher(wsql.TxFromPgx(tx))
-		if err != nil {
-			return err
-		}
-		if err := fn(&PgxTx{Tx: tx, pub: pub}, msg); err != nil {
-			return err
-		}
-		if err := p.store.CompleteTx(ctx, tx, l, nil); err != nil {
-			return err
-		}
-		outbox.BeforeCommit()
-		if err := tx.Commit(ctx); err != nil {
-			return fmt.Errorf("sqloutbox: commit: %w", err)
-		}
-		return nil
+	return func(msg *message.Message) error {
+		return p.WithTx(msg.Context(), func(tx *PgxTx) error { return fn(tx, msg) })
 	}
+}
+
+// pgTx is a transaction of the outbox's database, as the shared
+// outbox.WithTx drives it.
+type pgTx struct {
+	tx    pgx.Tx
+	store *pgstore.Store
+}
+
+func (p *Postgres) begin(ctx context.Context) (pgTx, error) {
+	tx, err := p.conn.BeginTx(ctx, pgx.TxOptions{})
+	return pgTx{tx: tx, store: p.store}, err
+}
+
+func (t pgTx) Executor() wsql.ContextExecutor { return wsql.TxFromPgx(t.tx) }
+
+func (t pgTx) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
+	return t.store.CompleteTxOutput(ctx, t.tx, lease, output)
+}
+
+func (t pgTx) Commit(ctx context.Context) error { return t.tx.Commit(ctx) }
+
+func (t pgTx) Rollback(ctx context.Context) error {
+	if err := t.tx.Rollback(ctx); !errors.Is(err, pgx.ErrTxClosed) {
+		return err
+	}
+	return nil
 }
 
 // NewForwarder returns the Forwarder that moves the outbox's messages to

@@ -34,6 +34,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
 	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox/internal/outbox"
 )
@@ -48,12 +49,14 @@ const DefaultPollInterval = outbox.DefaultPollInterval
 // The errors are the same values as package sqloutbox's: errors.Is
 // matches either package's.
 var (
-	// ErrNoLease is returned by a handler made by Handler when the message
-	// carries no lease: the idempotency middleware does not wrap it.
+	// ErrNoLease is returned by WithTx when its context carries no lease
+	// (the work does not run under the idempotency middleware, Do or
+	// another of its doors), and by a handler made by Handler when the
+	// message's does (the middleware does not wrap it).
 	ErrNoLease = outbox.ErrNoLease
 	// ErrOwnedTx is returned by Commit and Rollback on the transaction a
-	// handler is given: the outbox commits it after the handler returns
-	// (and rolls it back if the handler fails).
+	// function or handler is given: the outbox commits it after the
+	// function returns (and rolls it back if the function fails).
 	ErrOwnedTx = outbox.ErrOwnedTx
 	// ErrInvalidOptions wraps every error of New about its options.
 	ErrInvalidOptions = outbox.ErrInvalidOptions
@@ -95,9 +98,10 @@ type Options struct {
 	PollInterval time.Duration
 }
 
-// Outbox runs handlers in a transaction on MySQL or MariaDB that holds
-// their own writes, their output messages (in the outbox table) and the
-// completion of their idempotency key.
+// Outbox runs work in a transaction on MySQL or MariaDB that holds its own
+// writes, its output messages (in the outbox table) and the completion of
+// its idempotency key: a Watermill handler ([Outbox.Handler]), or any work
+// that runs under a lease ([Outbox.WithTx]).
 type Outbox struct {
 	outbox *outbox.Outbox
 	db     *sql.DB
@@ -123,8 +127,9 @@ func New(db *sql.DB, store *mysqlstore.Store, opts Options) (*Outbox, error) {
 // they do not exist. The store's own table is created by its Migrate.
 func (m *Outbox) Migrate(ctx context.Context) error { return m.outbox.Migrate(ctx) }
 
-// Tx is the transaction a handler made by [Outbox.Handler] runs in: a
-// *sql.Tx whose Commit and Rollback belong to the outbox, with Publish.
+// Tx is the transaction a function given to [Outbox.WithTx] (or a
+// handler made by [Outbox.Handler]) runs in: a *sql.Tx whose Commit and
+// Rollback belong to the outbox, with Publish.
 type Tx struct {
 	*sql.Tx
 	pub message.Publisher
@@ -138,58 +143,82 @@ func (t *Tx) Publish(topic string, msgs ...*message.Message) error {
 }
 
 // Commit returns ErrOwnedTx: the outbox commits the transaction after the
-// handler returns.
+// function returns.
 func (t *Tx) Commit() error { return ErrOwnedTx }
 
-// Rollback returns ErrOwnedTx: return an error from the handler instead.
+// Rollback returns ErrOwnedTx: return an error from the function instead.
 func (t *Tx) Rollback() error { return ErrOwnedTx }
+
+// WithTx runs fn in a transaction that holds its own writes (through tx),
+// its output messages (tx.Publish, into the outbox table) and the
+// completion of the idempotency key whose lease ctx carries; it commits
+// them together, or none of them. Use it in work that runs under a lease
+// outside a Watermill handler: a function given to the middleware
+// package's Do (pass WithTx the context Do gives the function), or an HTTP
+// handler behind the middleware's Idempotency-Key door. The key is
+// completed with the output that door records for duplicates
+// (middleware.CompletionOutput: none for Do, whose duplicates get the zero
+// value of its result), and the door does not complete it again.
+//
+// It begins a transaction on the outbox's database, runs fn, completes
+// the key in the transaction (mysqlstore.Store.CompleteTxOutput), and
+// commits. If fn fails or panics, or the key can no longer be completed by
+// this lease (an error wrapping backends.ErrLeaseLost), or the server
+// reports a deadlock or a lock wait timeout, the transaction rolls back
+// and WithTx returns the error: nothing of it was recorded, and the door
+// releases the key for a retry. Without a lease in ctx (the work does not
+// run under the middleware, Do or another door) it returns [ErrNoLease]
+// and runs nothing. The lease must be of this outbox's store.
+func (m *Outbox) WithTx(ctx context.Context, fn func(tx *Tx) error) error {
+	return outbox.WithTx(ctx, m.outbox, m.begin, func(tx sqlTx, pub message.Publisher) error {
+		return fn(&Tx{Tx: tx.tx, pub: pub})
+	})
+}
 
 // HandlerFunc is a handler that writes its effects through tx and
 // publishes its output with tx.Publish. It returns no messages: what it
 // publishes goes through the outbox.
 type HandlerFunc func(tx *Tx, msg *message.Message) error
 
-// Handler returns a handler for the router that begins a transaction,
-// runs fn in it, completes the message's idempotency key in it (with no
-// output to replay: the output is in the outbox), and commits. If fn
-// fails, or the key can no longer be completed by this lease, the
-// transaction rolls back and the handler fails: nothing of it was
-// recorded. The idempotency middleware, with this outbox's store, must
-// wrap the handler: without a lease it fails with ErrNoLease.
+// Handler returns a handler for the router that runs fn through
+// [Outbox.WithTx], with the message's context: one transaction holds fn's
+// writes, its output messages and the completion of the message's
+// idempotency key (with no output to replay: the output is in the
+// outbox). If fn fails, or the key can no longer be completed by this
+// lease, the transaction rolls back and the handler fails: nothing of it
+// was recorded. The idempotency middleware, with this outbox's store,
+// must wrap the handler: without a lease it fails with ErrNoLease.
 func (m *Outbox) Handler(fn HandlerFunc) message.NoPublishHandlerFunc {
-	return func(msg *message.Message) (err error) {
-		l, err := outbox.Lease(msg)
-		if err != nil {
-			return err
-		}
-		ctx := msg.Context()
-		tx, err := m.db.BeginTx(ctx, nil)
-		if err != nil {
-			return fmt.Errorf("sqloutbox: begin: %w", err)
-		}
-		defer func() {
-			if err != nil {
-				if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
-					err = errors.Join(err, fmt.Errorf("sqloutbox: rollback: %w", rerr))
-				}
-			}
-		}()
-		pub, err := m.outbox.Publisher(wsql.TxFromStdSQL(tx))
-		if err != nil {
-			return err
-		}
-		if err := fn(&Tx{Tx: tx, pub: pub}, msg); err != nil {
-			return err
-		}
-		if err := m.store.CompleteTx(ctx, tx, l, nil); err != nil {
-			return err
-		}
-		outbox.BeforeCommit()
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("sqloutbox: commit: %w", err)
-		}
-		return nil
+	return func(msg *message.Message) error {
+		return m.WithTx(msg.Context(), func(tx *Tx) error { return fn(tx, msg) })
 	}
+}
+
+// sqlTx is a transaction of the outbox's database, as the shared
+// outbox.WithTx drives it.
+type sqlTx struct {
+	tx    *sql.Tx
+	store *mysqlstore.Store
+}
+
+func (m *Outbox) begin(ctx context.Context) (sqlTx, error) {
+	tx, err := m.db.BeginTx(ctx, nil)
+	return sqlTx{tx: tx, store: m.store}, err
+}
+
+func (t sqlTx) Executor() wsql.ContextExecutor { return wsql.TxFromStdSQL(t.tx) }
+
+func (t sqlTx) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
+	return t.store.CompleteTxOutput(ctx, t.tx, lease, output)
+}
+
+func (t sqlTx) Commit(context.Context) error { return t.tx.Commit() }
+
+func (t sqlTx) Rollback(context.Context) error {
+	if err := t.tx.Rollback(); !errors.Is(err, sql.ErrTxDone) {
+		return err
+	}
+	return nil
 }
 
 // NewForwarder returns the Forwarder that moves the outbox's messages to

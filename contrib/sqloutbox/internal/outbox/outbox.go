@@ -1,7 +1,8 @@
 // Package outbox is what the Postgres outbox (package sqloutbox) and the
-// MySQL one (package mysqloutbox) share: the outbox table, written through
-// watermill-sql on the handler's transaction, and the Forwarder that reads
-// it. It imports no database driver, so that each outbox package links
+// MySQL one (package mysqloutbox) share: the transaction that holds the
+// work's rows, its messages and its key's completion ([WithTx]); the
+// outbox table, written through watermill-sql on that transaction; and
+// the Forwarder that reads it. It imports no database driver, so that each outbox package links
 // only its own.
 package outbox
 
@@ -15,9 +16,6 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/watermill-idempotency/idempotency/backends"
-	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 // DefaultTopic is the outbox topic a zero Config.Topic means.
@@ -29,7 +27,7 @@ const DefaultPollInterval = 100 * time.Millisecond
 // The errors both outbox packages return (and export under the same
 // names).
 var (
-	ErrNoLease        = errors.New("sqloutbox: no lease in the message context: the idempotency middleware must wrap the handler")
+	ErrNoLease        = errors.New("sqloutbox: no lease in the context: run under the idempotency middleware, Do, or another of its doors")
 	ErrOwnedTx        = errors.New("sqloutbox: the handler's transaction is committed or rolled back by the outbox")
 	ErrInvalidOptions = errors.New("sqloutbox: invalid options")
 )
@@ -99,15 +97,6 @@ func Publish(pub message.Publisher, topic string, msgs []*message.Message) error
 		return fmt.Errorf("sqloutbox: publish to %q through the outbox: %w", topic, err)
 	}
 	return nil
-}
-
-// Lease returns the lease the message's handler runs under.
-func Lease(msg *message.Message) (backends.Lease, error) {
-	l, ok := idempotency.LeaseFromContext(msg.Context())
-	if !ok {
-		return backends.Lease{}, ErrNoLease
-	}
-	return l, nil
 }
 
 // Migrate creates the outbox table and the Forwarder's offsets table if
