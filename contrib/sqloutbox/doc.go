@@ -1,5 +1,7 @@
 // Package sqloutbox publishes a handler's output messages exactly once,
-// through a transactional outbox, on Postgres (pgstore). Its package
+// through a transactional outbox, on Postgres (pgstore); work outside a
+// Watermill handler, such as a function run by the middleware package's
+// Do, does the same with [Postgres.WithTx]. Its package
 // mysqloutbox does the same on MySQL or MariaDB (mysqlstore): a package of
 // its own, so that a Postgres-only program links no MySQL driver.
 //
@@ -43,4 +45,27 @@
 //
 // On MySQL or MariaDB, mysqloutbox.New does the same with database/sql
 // and a *sql.Tx.
+//
+// # Outside a Watermill handler
+//
+// [Postgres.WithTx] is the same transaction for any work that runs under
+// a lease: a function given to the middleware package's Do, an HTTP
+// handler behind its Idempotency-Key door. It takes the lease from the
+// context, runs the function, completes the key in the transaction with
+// the output that door records for duplicates (middleware's
+// CompletionOutput), and commits; the door sees the key completed by its
+// own lease and does not complete it again. Handler is WithTx with the
+// message's context.
+//
+//	_, err := idempotency.Do(ctx, idem, orderID, func(ctx context.Context) (struct{}, error) {
+//		return struct{}{}, outbox.WithTx(ctx, func(tx *sqloutbox.PgxTx) error { // Do's ctx: it holds the lease
+//			if _, err := tx.Exec(ctx, `INSERT INTO refunds ...`, ...); err != nil {
+//				return err
+//			}
+//			return tx.Publish("refunds", message.NewMessage("refund-"+orderID, payload))
+//		})
+//	})
+//
+// Without a lease in the context, WithTx returns [ErrNoLease] and runs
+// nothing.
 package sqloutbox

@@ -2,6 +2,7 @@ package sqloutbox_test
 
 import (
 	"context"
+	"net/http"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -84,3 +85,55 @@ func run(ctx context.Context, router *message.Router, pool *pgxpool.Pool, store 
 	// end snippet
 	return router.Run(ctx)
 }
+
+// Work outside a Watermill handler: an HTTP handler refunds an order at
+// most once, however often the client retries, through Do. The refund
+// row, the event that announces it (in the outbox table) and the
+// completion of the order's key commit together. Compiled, not run: it
+// needs Postgres.
+func ExamplePostgres_WithTx() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost:5432/app")
+	if err != nil {
+		panic(err)
+	}
+	store, err := pgstore.New(pool, pgstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "refund"})
+	if err != nil {
+		panic(err)
+	}
+	outbox, err := sqloutbox.NewPostgres(pool, store, sqloutbox.Options{})
+	if err != nil {
+		panic(err)
+	}
+	http.HandleFunc("POST /orders/{id}/refund", func(w http.ResponseWriter, r *http.Request) {
+		if err := refund(r.Context(), idem, outbox, r.PathValue("id")); err != nil {
+			http.Error(w, "refund failed, try again", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+}
+
+// snippet:withtx
+// refund refunds an order at most once to completion, whoever calls it:
+// an HTTP handler, a job, a command.
+func refund(ctx context.Context, idem *idempotency.Idempotency, outbox *sqloutbox.Postgres, orderID string) error {
+	_, err := idempotency.Do(ctx, idem, orderID, func(ctx context.Context) (struct{}, error) {
+		// ctx carries the lease Do holds on "refund:"+orderID: WithTx
+		// completes that key in its transaction, and Do does not
+		// complete it again. Pass this ctx, not the outer one.
+		return struct{}{}, outbox.WithTx(ctx, func(tx *sqloutbox.PgxTx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO refunds (order_id) VALUES ($1)`, orderID); err != nil {
+				return err
+			}
+			return tx.Publish("refunds", message.NewMessage("refund-"+orderID, []byte(orderID)))
+		})
+	})
+	return err // on an error nothing was recorded: call again
+}
+
+// end snippet

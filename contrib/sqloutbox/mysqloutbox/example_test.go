@@ -67,3 +67,42 @@ func Example() {
 		panic(err)
 	}
 }
+
+// Work outside a Watermill handler, on MySQL or MariaDB: a function run
+// by Do refunds an order at most once, however often it is called. The
+// refund row, the event that announces it (in the outbox table) and the
+// completion of the order's key commit together. Compiled, not run: it
+// needs MySQL.
+func ExampleOutbox_WithTx() {
+	ctx := context.Background()
+	db, err := sql.Open("mysql", "app:secret@tcp(localhost:3306)/app?parseTime=true")
+	if err != nil {
+		panic(err)
+	}
+	store, err := mysqlstore.New(db, mysqlstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "refund"})
+	if err != nil {
+		panic(err)
+	}
+	outbox, err := mysqloutbox.New(db, store, mysqloutbox.Options{})
+	if err != nil {
+		panic(err)
+	}
+	orderID := "o-1"
+	_, err = idempotency.Do(ctx, idem, orderID, func(ctx context.Context) (struct{}, error) {
+		// ctx carries Do's lease: WithTx completes the key in its
+		// transaction, and Do does not complete it again.
+		return struct{}{}, outbox.WithTx(ctx, func(tx *mysqloutbox.Tx) error {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO refunds (order_id) VALUES (?)`, orderID); err != nil {
+				return err
+			}
+			return tx.Publish("refunds", message.NewMessage("refund-"+orderID, []byte(orderID)))
+		})
+	})
+	if err != nil {
+		panic(err) // nothing was recorded, and the key was released: call again
+	}
+}

@@ -20,6 +20,25 @@
 //	charge.AddMiddleware(idem.Middleware)
 //	fwd, err := outbox.NewForwarder(brokerPublisher, logger, forwarder.Config{}) // its own router
 //	go fwd.Run(ctx)
+//
+// # Outside a Watermill handler
+//
+// [Outbox.WithTx] is the same transaction for any work that runs under a
+// lease: a function given to the middleware package's Do, an HTTP handler
+// behind its Idempotency-Key door. It takes the lease from the context,
+// runs the function, completes the key in the transaction with the output
+// that door records for duplicates (middleware's CompletionOutput), and
+// commits; the door sees the key completed by its own lease and does not
+// complete it again. Handler is WithTx with the message's context.
+//
+//	_, err := idempotency.Do(ctx, idem, orderID, func(ctx context.Context) (struct{}, error) {
+//		return struct{}{}, outbox.WithTx(ctx, func(tx *mysqloutbox.Tx) error { // Do's ctx: it holds the lease
+//			if _, err := tx.ExecContext(ctx, `INSERT INTO refunds ...`, ...); err != nil {
+//				return err
+//			}
+//			return tx.Publish("refunds", message.NewMessage("refund-"+orderID, payload))
+//		})
+//	})
 package mysqloutbox
 
 import (
