@@ -69,10 +69,15 @@ func origin(uuid, handler string) string {
 	return cutOrigin(o)
 }
 
-// cutOrigin makes o valid UTF-8 without NUL, and cuts it to
-// backends.MaxOriginBytes on a rune boundary.
+// cleanOrigin makes o valid UTF-8 without NUL, and cuts it to
+// backends.MaxOriginBytes.
+func cleanOrigin(o string) string {
+	return cutOrigin(strings.ReplaceAll(strings.ToValidUTF8(o, "\uFFFD"), "\x00", ""))
+}
+
+// cutOrigin cuts o, valid UTF-8, to backends.MaxOriginBytes on a rune
+// boundary.
 func cutOrigin(o string) string {
-	o = strings.ReplaceAll(strings.ToValidUTF8(o, "\uFFFD"), "\x00", "")
 	if len(o) > backends.MaxOriginBytes {
 		o = o[:backends.MaxOriginBytes]
 		for len(o) > 0 && !utf8.ValidString(o) {

@@ -89,22 +89,28 @@ func DoWith[T any](ctx context.Context, idem *Idempotency, key string, opts DoOp
 	if fn == nil {
 		return zero, fmt.Errorf("%w: a nil function", ErrInvalidConfig)
 	}
-	w := &funcWork[T]{fn: fn, codec: opts.Codec}
+	fd := &funcDelivery[T]{funcWork: funcWork[T]{fn: fn, codec: opts.Codec}}
+	d, w := &fd.delivery, &fd.funcWork
 	if w.codec == nil || isNil(w.codec) {
 		w.codec = JSONCodec{}
 	}
-	d := idem.newDelivery(ctx, w)
+	idem.initDelivery(d, ctx, w)
 	d.noWait, d.mismatch = opts.NoWait, MismatchReject
 	full, err := idem.fullKey(idem.cfg.Namespace, key, "")
 	if err == nil {
 		d.key, d.fp = full, fingerprintBytes(opts.Fingerprint)
-		d.origin = cutOrigin(opts.Origin)
+		d.origin = cleanOrigin(opts.Origin)
 		if opts.Origin == "" {
 			d.origin = "do"
 		}
 	}
 	err = idem.handle(d, err)
 	return w.v, err
+}
+
+type funcDelivery[T any] struct {
+	delivery
+	funcWork[T]
 }
 
 // funcWork runs a function given to [Do]: its output is its result,

@@ -12,8 +12,12 @@ import (
 // Its signature is message.HandlerMiddleware.
 func (m *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		// The delivery stays on the stack; the work, which the lease's
+		// context holds, does not.
 		w := &messageWork{msg: msg, h: h, drop: m.cfg.ReplayDropMetadata}
-		d := m.newDelivery(msg.Context(), w)
+		var dv delivery
+		d := &dv
+		m.initDelivery(d, msg.Context(), w)
 		d.paced = true
 		d.ev.MessageUUID, d.ev.Handler = msg.UUID, message.HandlerNameFromCtx(msg.Context())
 		m.warnSharedTopic(msg, d.ev.Handler)

@@ -66,8 +66,9 @@ type work interface {
 	txOutput() ([]byte, error)
 }
 
-func (m *Idempotency) newDelivery(ctx context.Context, w work) *delivery {
-	return &delivery{ctx: ctx, base: context.WithoutCancel(ctx), w: w, owner: newOwner(), mismatch: m.cfg.OnFingerprintMismatch}
+// initDelivery readies d for work w of a caller with ctx.
+func (m *Idempotency) initDelivery(d *delivery, ctx context.Context, w work) {
+	d.ctx, d.base, d.w, d.owner, d.mismatch = ctx, context.WithoutCancel(ctx), w, newOwner(), m.cfg.OnFingerprintMismatch
 }
 
 // handle takes one delivery through the state machine that
