@@ -32,6 +32,15 @@ type DoOptions struct {
 	// Codec encodes fn's result for the store, and decodes it for the
 	// duplicates that replay it. Defaults to [JSONCodec].
 	Codec Codec
+
+	// CompletionOutput, if set, is what [CompletionOutput] returns while
+	// fn runs: the output to record for duplicates when fn completes its
+	// own key in its own transaction (contrib/sqloutbox's WithTx), for a
+	// function that knows what it returns before it commits. It must be
+	// what Codec encodes fn's result to. package httpidem sets it to the
+	// response written so far. Defaults to none: such a completion records
+	// no output, and its duplicates get the zero value of T.
+	CompletionOutput func() ([]byte, error)
 }
 
 // Codec encodes and decodes the results [Do] stores. It must decode what
@@ -74,8 +83,9 @@ func (JSONCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(dat
 // The result is stored encoded by [JSONCodec]; [DoWith] takes another
 // Codec, a fingerprint and an origin. A result that fails to encode is a
 // failure of fn: the key is released. A function that completes its key
-// in its own transaction (contrib/sqloutbox's WithTx) records no result:
-// its duplicates get the zero value of T.
+// in its own transaction (contrib/sqloutbox's WithTx) records no result
+// unless DoOptions.CompletionOutput says what: its duplicates get the zero
+// value of T.
 func Do[T any](ctx context.Context, idem *Idempotency, key string, fn func(context.Context) (T, error)) (T, error) {
 	return DoWith(ctx, idem, key, DoOptions{}, fn)
 }
@@ -89,7 +99,7 @@ func DoWith[T any](ctx context.Context, idem *Idempotency, key string, opts DoOp
 	if fn == nil {
 		return zero, fmt.Errorf("%w: a nil function", ErrInvalidConfig)
 	}
-	fd := &funcDelivery[T]{funcWork: funcWork[T]{fn: fn, codec: opts.Codec}}
+	fd := &funcDelivery[T]{funcWork: funcWork[T]{fn: fn, codec: opts.Codec, tx: opts.CompletionOutput}}
 	d, w := &fd.delivery, &fd.funcWork
 	if w.codec == nil || isNil(w.codec) {
 		w.codec = JSONCodec{}
@@ -118,6 +128,7 @@ type funcDelivery[T any] struct {
 type funcWork[T any] struct {
 	fn    func(context.Context) (T, error)
 	codec Codec
+	tx    func() ([]byte, error) // DoOptions.CompletionOutput
 	v     T
 }
 
@@ -145,5 +156,11 @@ func (w *funcWork[T]) replay(output []byte) (int, error) {
 	return 0, nil
 }
 
-// txOutput is none: fn's result is not known until it returns.
-func (w *funcWork[T]) txOutput() ([]byte, error) { return nil, nil }
+// txOutput is DoOptions.CompletionOutput's, or none: fn's result is not
+// known until it returns.
+func (w *funcWork[T]) txOutput() ([]byte, error) {
+	if w.tx == nil {
+		return nil, nil
+	}
+	return w.tx()
+}

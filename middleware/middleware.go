@@ -32,6 +32,10 @@ func New(cfg Config) (*Idempotency, error) {
 		logs: logLimit{logger: cfg.Logger}}, nil
 }
 
+// Config returns the configuration in effect: the one given to [New],
+// with the defaults it filled in.
+func (m *Idempotency) Config() Config { return m.cfg }
+
 // delivery carries one call through the state machine: a message through
 // the Watermill middleware, a function through [Do], a request through
 // package httpidem. Each of those doors fills it and reads its work's

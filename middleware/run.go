@@ -38,8 +38,8 @@ var ErrNoLease = errors.New("idempotency: no lease in the context")
 // replays:
 //   - a Watermill handler: none (nil); its messages go through an outbox,
 //     or to the store's CompleteTx;
-//   - a function given to [Do]: none; its duplicates get the zero value
-//     of its result;
+//   - a function given to [Do]: DoOptions.CompletionOutput's, or none;
+//     its duplicates then get the zero value of its result;
 //   - an HTTP handler behind package httpidem: the response it has
 //     written so far (status, headers, body), so write it before the
 //     transaction commits.
