@@ -368,4 +368,3 @@ func defaultFingerprint(r *http.Request, body []byte) string {
 func retryAfter(d time.Duration) string {
 	return strconv.FormatInt(max(int64(math.Ceil(d.Seconds())), 1), 10)
 }
-
