@@ -260,6 +260,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(rec, r.WithContext(ctx))
 		resp := rec.response()
 		switch {
+		case rec.status == 0 && rec.body.Len() == 0 && ctx.Err() != nil:
+			// The client left and the handler gave up without a word:
+			// not a 200 to store.
+			return nil, context.Cause(ctx)
 		case rec.streaming:
 			return nil, fmt.Errorf("%w: the response body is larger than %d bytes", idempotency.ErrOutputTooLarge, m.cfg.MaxResponseBytes)
 		case !m.cfg.Stored(resp.status):
