@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/httpidem"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -40,6 +46,45 @@ var doors = []door{
 		}
 		return v, err
 	}},
+	{name: "HTTP", call: httpCall},
+}
+
+// httpCall runs fn as the handler of a request through httpidem, with
+// the key in its Idempotency-Key header and fp as its body (the default
+// fingerprint covers the body).
+func httpCall(ctx context.Context, idem *idempotency.Idempotency, key, fp string, noWait bool, fn func(ctx context.Context) (string, error)) (string, error) {
+	policy := httpidem.Wait
+	if noWait {
+		policy = httpidem.Conflict
+	}
+	mw, err := httpidem.New(httpidem.Config{Idempotency: idem, Required: true, InProgress: policy})
+	if err != nil {
+		return "", err
+	}
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v, err := fn(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		_, _ = io.WriteString(w, v)
+	}))
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/door", strings.NewReader(fp))
+	req.Header.Set(httpidem.Header, strconv.Quote(key))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	switch body := rec.Body.String(); rec.Code {
+	case http.StatusOK:
+		return body, nil
+	case http.StatusConflict:
+		return "", fmt.Errorf("%w: %s", idempotency.ErrInProgress, body)
+	case http.StatusUnprocessableEntity:
+		return "", fmt.Errorf("%w: %s", idempotency.ErrFingerprintMismatch, body)
+	case http.StatusInternalServerError:
+		return "", fmt.Errorf("%w: %s", errDoorFailed, body)
+	default:
+		return "", fmt.Errorf("storetest: status %d: %s", rec.Code, body)
+	}
 }
 
 // errWork is the failure the door tests' work returns.
@@ -72,7 +117,13 @@ func (s *suite) newDoorIdempotency(t *testing.T) *idempotency.Idempotency {
 	return idem
 }
 
-func (s *suite) doorKey(key string) string {
+// doorKey is the key in the store of the door tests' key: an HTTP
+// request's key is scoped by its route ("POST /door") and its scope
+// (none).
+func (s *suite) doorKey(d door, key string) string {
+	if d.name == "HTTP" {
+		return s.prefix + "door:POST /door||" + key
+	}
 	return s.prefix + "door:" + key
 }
 
@@ -90,7 +141,7 @@ func testDoorRunsOnceAndReplays(t *testing.T, s *suite, d door) {
 	require.NoError(t, err)
 	require.Equal(t, int32(1), runs.Load())
 	require.Equal(t, first, second, "the duplicate gets the stored result")
-	rec := s.inspect(t, s.doorKey("k"))
+	rec := s.inspect(t, s.doorKey(d, "k"))
 	require.Equal(t, backends.StateCompleted, rec.State)
 }
 
@@ -98,7 +149,7 @@ func testDoorFailureReleases(t *testing.T, s *suite, d door) {
 	idem := s.newDoorIdempotency(t)
 	_, err := d.call(t.Context(), idem, "k", "", false, func(context.Context) (string, error) { return "", errWork })
 	require.ErrorIs(t, err, errDoorFailed)
-	require.Equal(t, backends.StateReleased, s.inspect(t, s.doorKey("k")).State)
+	require.Equal(t, backends.StateReleased, s.inspect(t, s.doorKey(d, "k")).State)
 	v, err := d.call(t.Context(), idem, "k", "", false, func(context.Context) (string, error) { return "second", nil })
 	require.NoError(t, err)
 	require.Equal(t, "second", v, "the released key runs again")
