@@ -372,4 +372,3 @@ func TestInvalidConfig(t *testing.T) {
 		require.ErrorContains(t, err, want)
 	}
 }
-
