@@ -66,7 +66,8 @@
 // key in that transaction (contrib/sqloutbox's WithTx, or the stores'
 // CompleteTxOutput with idempotency.CompletionOutput): the key is then
 // stored with the response written so far, so write the response before
-// the transaction commits.
+// the transaction commits, and discard it with [Reset] if the transaction
+// fails.
 //
 // docs/http.md has the draft's rules and how each is met, and where Stripe's
 // semantics differ.

@@ -372,3 +372,28 @@ func TestInvalidConfig(t *testing.T) {
 		require.ErrorContains(t, err, want)
 	}
 }
+
+// TestReset: a response written inside a transaction that then fails is
+// discarded, and the error response released the key.
+func TestReset(t *testing.T) {
+	var fail atomic.Bool
+	fail.Store(true)
+	e := newEnv(t, httpidem.Config{}, func(e *env, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", "/orders/1")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("created"))
+		if fail.Load() { // the transaction failed
+			require.True(e.t, httpidem.Reset(w))
+			http.Error(w, "try again", http.StatusServiceUnavailable)
+		}
+	})
+	r := e.post("/orders", `"k"`, "")
+	require.Equal(t, http.StatusServiceUnavailable, r.status)
+	require.Equal(t, "try again\n", r.body)
+	require.Empty(t, r.header.Get("Location"))
+	fail.Store(false)
+	r = e.post("/orders", `"k"`, "")
+	require.Equal(t, http.StatusCreated, r.status, "the 503 released the key")
+	require.Equal(t, "created", r.body)
+	require.False(t, httpidem.Reset(httptest.NewRecorder()), "not a writer of the middleware")
+}

@@ -227,3 +227,35 @@ func (d *decoder) string() string {
 	d.b = d.b[n:]
 	return s
 }
+
+// Reset discards the response written so far to w, a writer the
+// middleware gave the handler (or one that wraps it, with an Unwrap
+// method), and reports whether it could: not once the response streams
+// (past Config.MaxResponseBytes), nor for another writer. A handler that
+// writes its response inside a database transaction, so that the key is
+// completed with it in that transaction (contrib/sqloutbox's WithTx),
+// calls it when the transaction fails, before it writes the error
+// response:
+//
+//	if err := outbox.WithTx(r.Context(), fn); err != nil { // fn wrote the 201
+//		httpidem.Reset(w)
+//		http.Error(w, "try again", http.StatusServiceUnavailable)
+//	}
+func Reset(w http.ResponseWriter) bool {
+	for w != nil {
+		if r, ok := w.(*recorder); ok {
+			if r.streaming {
+				return false
+			}
+			r.header, r.sent, r.status = http.Header{}, nil, 0
+			r.body.Reset()
+			return true
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return false
+		}
+		w = u.Unwrap()
+	}
+	return false
+}

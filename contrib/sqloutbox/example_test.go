@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
+	"github.com/watermill-idempotency/idempotency/httpidem"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -137,3 +138,55 @@ func refund(ctx context.Context, idem *idempotency.Idempotency, outbox *sqloutbo
 }
 
 // end snippet
+
+// An HTTP endpoint behind httpidem whose order row, OrderPlaced message
+// and key completion, with the 201 response, commit in one transaction.
+// Compiled, not run: it needs Postgres.
+func ExamplePostgres_WithTx_http() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost:5432/app")
+	if err != nil {
+		panic(err)
+	}
+	store, err := pgstore.New(pool, pgstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "orders-api"})
+	if err != nil {
+		panic(err)
+	}
+	outbox, err := sqloutbox.NewPostgres(pool, store, sqloutbox.Options{})
+	if err != nil {
+		panic(err)
+	}
+	keys, err := httpidem.New(httpidem.Config{Idempotency: idem, Required: true})
+	if err != nil {
+		panic(err)
+	}
+	http.Handle("POST /orders", keys.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// snippet:http
+		id := watermill.NewUUID()
+		err := outbox.WithTx(r.Context(), func(tx *sqloutbox.PgxTx) error {
+			if _, err := tx.Exec(r.Context(), `INSERT INTO orders (id) VALUES ($1)`, id); err != nil {
+				return err
+			}
+			if err := tx.Publish("orders", message.NewMessage(id, []byte(id))); err != nil {
+				return err
+			}
+			// Written before the commit: the key is completed with this
+			// response, in this transaction, and a retry replays it.
+			w.Header().Set("Location", "/orders/"+id)
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		})
+		if err != nil {
+			// Nothing was recorded. The 201 was kept, not sent (httpidem
+			// sends the response when the handler returns): discard it. A
+			// 5xx releases the key, so the retry runs again.
+			httpidem.Reset(w)
+			http.Error(w, "try again", http.StatusServiceUnavailable)
+		}
+		// end snippet
+	})))
+}
