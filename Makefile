@@ -98,7 +98,7 @@ test-stress: bin/testenv ## Run the storm and fault tests 3 times while CPU hogs
 	@$(TESTENV) -- env GO=$(GO) TEST_FLAGS="$(TEST_FLAGS)" .ci/stress
 
 .PHONY: bench
-bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-record bench-wake bench-e2e bench-outbox bench-state ## Run every benchmark and print it against its baselines
+bench: bench-core bench-redis bench-postgres bench-mysql bench-dynamo bench-record bench-wake bench-e2e bench-outbox bench-state bench-http ## Run every benchmark and print it against its baselines
 
 # The benchmarks run against private servers, as the tests do, unless you
 # name yours (TEST_DATABASE_URL, MYSQL_DSN, DYNAMODB_ENDPOINT, REDIS_ADDR).
@@ -138,6 +138,11 @@ bench-outbox: bin/testenv ## The transactional outbox against the plain path: st
 bench-state: bin/testenv ## What one collection of the store gauges costs: a Count of 10k and 100k records on each store, its time and server work (private Redis, Postgres, MariaDB, dynalite, or REDIS_ADDR, TEST_DATABASE_URL, MYSQL_DSN, DYNAMODB_ENDPOINT)
 	@mkdir -p $(BENCH_DIR)
 	@$(BENCH_ENV) redis,postgres,mariadb,dynamodb -- sh -c 'cd benchmarks && $(GO) run ./statebench -redis "$$REDIS_ADDR" -pg "$$TEST_DATABASE_URL" -mysql "$$MYSQL_DSN" -dynamo "$$DYNAMODB_ENDPOINT"' | tee $(BENCH_DIR)/state.txt
+
+.PHONY: bench-http
+bench-http: bin/testenv ## The HTTP middleware's cost per request over loopback: the handler alone, httpidem on memstore and on Redis, and a hand-written SETNX middleware on the same Redis (private Redis, or REDIS_ADDR)
+	@mkdir -p $(BENCH_DIR)
+	@$(BENCH_ENV) redis -- sh -c 'cd benchmarks && $(GO) run ./httpbench -redis "$$REDIS_ADDR"' | tee $(BENCH_DIR)/http.txt
 
 .PHONY: bench-redis
 bench-redis: bin/testenv ## Benchmark the Redis store against redis-benchmark and redislock (private Redis, or REDIS_ADDR)

@@ -327,18 +327,28 @@ func route(r *http.Request) string {
 // that no two requests' triples make one key. Longer than limit, the route
 // and scope are replaced by their SHA-256, then the whole.
 func storeKey(op, scope, key string, limit int) string {
-	esc := strings.NewReplacer("%", "%25", "|", "%7C")
-	k := esc.Replace(op) + "|" + esc.Replace(scope) + "|" + key
+	op, scope = escape(op), escape(scope)
+	k := op + "|" + scope + "|" + key
 	if len(k) <= limit {
 		return k
 	}
-	sum := sha256.Sum256([]byte(esc.Replace(op) + "|" + esc.Replace(scope)))
+	sum := sha256.Sum256([]byte(op + "|" + scope))
 	k = "sha256:" + hex.EncodeToString(sum[:]) + "|" + key
 	if len(k) <= limit {
 		return k
 	}
 	all := sha256.Sum256([]byte(k))
 	return "sha256:" + hex.EncodeToString(all[:])
+}
+
+var escaper = strings.NewReplacer("%", "%25", "|", "%7C")
+
+// escape escapes '%' and '|' in s.
+func escape(s string) string {
+	if !strings.ContainsAny(s, "%|") {
+		return s
+	}
+	return escaper.Replace(s)
 }
 
 // readBody reads r's body, at most limit bytes (a larger one is an
