@@ -231,6 +231,9 @@ func runStorm(t *testing.T, s stormServer) {
 	for key, tl := range tally {
 		require.Equal(t, 1, tl.Applied, "%s: fenced effects applied", key)
 	}
+	// With a lease far longer than any pause here, the handler ran once
+	// per key: every other request was answered 409 or replayed.
+	require.Equal(t, int64(keys), applies.Load(), "handler runs")
 	for k := range keys {
 		require.Len(t, results[k], copies)
 		first := results[k][0]
