@@ -42,6 +42,10 @@ example-kafka: bin/testenv ## Run the Kafka example: in-process Kafka (or KAFKA_
 example-outbox: bin/testenv ## Run the outbox example: charges, receipts and keys in one Postgres transaction, receipts forwarded to Redis Streams (private Postgres and Redis, or TEST_DATABASE_URL, REDIS_ADDR)
 	@$(TESTENV) -cc=false -services redis,postgres -- sh -c 'cd examples && DATABASE_URL="$$TEST_DATABASE_URL" exec $(GO) run ./outbox'
 
+.PHONY: example-http
+example-http: bin/testenv ## Run the HTTP example: an order API behind the Idempotency-Key middleware, orders and OrderPlaced in one Postgres transaction, charged once from Redis Streams; retries, concurrent copies, a reused key and a killed API (private Postgres and Redis, or TEST_DATABASE_URL, REDIS_ADDR)
+	@$(TESTENV) -cc=false -services redis,postgres -- sh -c 'cd examples && DATABASE_URL="$$TEST_DATABASE_URL" exec $(GO) run ./http'
+
 .PHONY: example-sqs
 example-sqs: bin/testenv ## Run the SQS example against a private goaws (or SQS_ENDPOINT) and a private Redis (or REDIS_ADDR)
 	@$(TESTENV) -cc=false -services redis,sqs -- sh -c 'cd examples && exec $(GO) run ./sqs'
@@ -55,16 +59,16 @@ STORE ?= redis
 COMPOSE_FILE = examples/$(EXAMPLE)/docker-compose.yml
 
 .PHONY: up
-up: ## Run an example and its services with docker compose v2.20+; fails if its check fails (EXAMPLE=redis, sqs or outbox; STORE=redis, postgres or, for sqs, dynamodb)
-	@test -f $(COMPOSE_FILE) || { echo "no $(COMPOSE_FILE): EXAMPLE is redis, sqs or outbox"; exit 2; }
+up: ## Run an example and its services with docker compose v2.20+; fails if its check fails (EXAMPLE=redis, sqs, outbox or http; STORE=redis, postgres or, for sqs, dynamodb)
+	@test -f $(COMPOSE_FILE) || { echo "no $(COMPOSE_FILE): EXAMPLE is redis, sqs, outbox or http"; exit 2; }
 	STORE=$(STORE) docker compose -f $(COMPOSE_FILE) $(if $(filter postgres,$(STORE)),--profile postgres) up --exit-code-from example
 
 # Every profile ('*'), whatever STORE `make up` had: a service of a
 # profile not named here would be left running, and the network it holds
 # would make the next `make up` fail.
 .PHONY: down
-down: ## Stop and remove everything `make up` started for an example, whatever its STORE: containers of every profile, network, volumes (EXAMPLE=redis, sqs or outbox)
-	@test -f $(COMPOSE_FILE) || { echo "no $(COMPOSE_FILE): EXAMPLE is redis, sqs or outbox"; exit 2; }
+down: ## Stop and remove everything `make up` started for an example, whatever its STORE: containers of every profile, network, volumes (EXAMPLE=redis, sqs, outbox or http)
+	@test -f $(COMPOSE_FILE) || { echo "no $(COMPOSE_FILE): EXAMPLE is redis, sqs, outbox or http"; exit 2; }
 	docker compose -f $(COMPOSE_FILE) --profile '*' down --volumes --remove-orphans
 
 # idem version of a build from a clone prints (devel) and the commit: the
