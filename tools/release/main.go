@@ -332,12 +332,11 @@ func (r *release) prepare(ctx context.Context) error {
 		if err := os.WriteFile(name, data, 0o644); err != nil {
 			return err
 		}
-		if r.cl == nil {
-			continue
-		}
 		// The siblings' sums are of the zips this run serves, not of
 		// those a go.sum recorded: HEAD checked as the newest release
-		// (nothing under [Unreleased]) may differ from what was tagged.
+		// (nothing under [Unreleased]), or a working tree tidied at the
+		// version its siblings are required at, may differ from what was
+		// tagged. A tidy writes the recorded ones back (tidySum).
 		sum := filepath.Join(r.src, filepath.FromSlash(m.Dir), "go.sum")
 		old, err := readOptional(sum)
 		if err != nil {
