@@ -25,7 +25,8 @@
 // completion are recorded together, once; if it rolls back, none is, and
 // the message is redelivered and run again. A downstream consumer that
 // uses the idempotency middleware keyed by message UUID applies each
-// output once. docs/outbox.md has the guarantees, the costs and the
+// output once. Prune deletes the rows the Forwarder has passed, from a
+// periodic job. docs/outbox.md has the guarantees, the costs and the
 // retention of outbox rows.
 //
 // # Use

@@ -3,6 +3,7 @@ package sqloutbox_test
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -189,4 +190,37 @@ func ExamplePostgres_WithTx_http() {
 		}
 		// end snippet
 	})))
+}
+
+// Pruning forwarded outbox rows from a periodic job in the service.
+// Compiled, not run: it needs Postgres.
+func ExamplePostgres_Prune() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost:5432/app")
+	if err != nil {
+		panic(err)
+	}
+	store, err := pgstore.New(pool, pgstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	outbox, err := sqloutbox.NewPostgres(pool, store, sqloutbox.Options{})
+	if err != nil {
+		panic(err)
+	}
+	logger := watermill.NewStdLogger(false, false)
+	// snippet:prune
+	go func() {
+		for range time.Tick(5 * time.Minute) {
+			// Forwarded rows older than a day, 1000 per statement; never a
+			// row the Forwarder has not passed.
+			n, err := outbox.Prune(ctx, 24*time.Hour, sqloutbox.DefaultPruneBatch)
+			if err != nil {
+				logger.Error("pruning the outbox", err, nil)
+				continue
+			}
+			logger.Debug("pruned the outbox", watermill.LogFields{"rows": n})
+		}
+	}()
+	// end snippet
 }

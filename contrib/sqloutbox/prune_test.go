@@ -2,14 +2,20 @@ package sqloutbox_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox"
 )
 
 // The retention statement of docs/outbox.md deletes the rows the Forwarder
@@ -95,4 +101,144 @@ func TestPruneAsDocumented(t *testing.T) {
 		t.Fatalf("%d rows left, want the one not forwarded", n)
 	}
 	forward("o3")
+}
+
+// TestPruneUnderLoad: Prune, run in a loop with no age and small batches
+// while writers commit orders and the Forwarder forwards them, deletes
+// every row once it is forwarded and none before: every receipt reaches
+// the broker, and the table ends empty.
+func TestPruneUnderLoad(t *testing.T) {
+	e := newPgEnv(t)
+	h := e.outbox.Handler(e.charge(nil))
+	broker := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	received, err := broker.Subscribe(context.Background(), "receipts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwd, err := e.outbox.NewForwarder(broker, nil, forwarder.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	fwdDone := make(chan error, 1)
+	go func() { fwdDone <- fwd.Run(ctx) }()
+	defer func() {
+		cancel()
+		_ = fwd.Close()
+		<-fwdDone
+	}()
+
+	if _, err := e.outbox.Prune(ctx, -time.Second, 0); !errors.Is(err, sqloutbox.ErrInvalidOptions) {
+		t.Fatalf("a negative age: %v, want ErrInvalidOptions", err)
+	}
+
+	const writers, orders = 4, 50
+	// The writers go on past their orders until Prune has deleted rows
+	// while they write (on MySQL, rows a second old at least), for at
+	// most a minute.
+	var pruned, written atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for o := 0; o < orders || pruned.Load() == 0 && time.Since(start) < time.Minute; o++ {
+				written.Add(1)
+				if _, err := e.run(h, fmt.Sprintf("w%d-o%d", w, o)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	pruning := make(chan struct{})
+	pruneDone := make(chan error, 1)
+	go func() {
+		for {
+			n, err := e.outbox.Prune(ctx, 0, 7)
+			if err != nil {
+				pruneDone <- err
+				return
+			}
+			pruned.Add(n)
+			select {
+			case <-pruning:
+				pruneDone <- nil
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+
+	got := map[string]int{}
+	allWritten := make(chan struct{})
+	go func() { wg.Wait(); close(allWritten) }()
+	for done := false; !done || int64(len(got)) < written.Load(); {
+		wrote := allWritten
+		if done {
+			wrote = nil
+		}
+		select {
+		case <-wrote:
+			done = true
+		case m := <-received:
+			m.Ack()
+			got[m.UUID]++
+		case <-time.After(time.Minute):
+			t.Fatalf("%d of %d receipts forwarded in a minute of silence", len(got), written.Load())
+		}
+	}
+	close(pruning)
+	if err := <-pruneDone; err != nil {
+		t.Fatal(err)
+	}
+	duringLoad := pruned.Load()
+	if duringLoad == 0 {
+		t.Fatal("nothing was pruned while the writers wrote, in a minute")
+	}
+	for w := range writers {
+		for o := range orders {
+			if id := fmt.Sprintf("receipt-w%d-o%d", w, o); got[id] == 0 {
+				t.Errorf("%s was never forwarded", id)
+			}
+		}
+	}
+	// Once the Forwarder has stored its last offset, a last Prune empties
+	// the table; one with an age keeps what is younger.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		backlog, _, err := e.outbox.Backlog(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if backlog == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages still in the backlog a minute after the last was received", backlog)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	left := e.outboxRows(t)
+	if n, err := e.outbox.Prune(context.Background(), time.Hour, 0); err != nil || n != 0 {
+		t.Fatalf("Prune of rows older than an hour: %d, %v; want 0, nil", n, err)
+	}
+	n, err := e.outbox.Prune(context.Background(), 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int(n) != left || e.outboxRows(t) != 0 {
+		t.Fatalf("the last Prune deleted %d of the %d rows left, and left %d", n, left, e.outboxRows(t))
+	}
+	t.Logf("%d orders from %d writers: %d rows pruned while they were written and forwarded, %d after; %d receipts forwarded, %d more than once",
+		written.Load(), writers, duringLoad, n, len(got), redelivered(got))
+}
+
+func redelivered(got map[string]int) int {
+	n := 0
+	for _, c := range got {
+		if c > 1 {
+			n++
+		}
+	}
+	return n
 }

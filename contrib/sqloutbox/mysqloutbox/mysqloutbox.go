@@ -65,6 +65,10 @@ const DefaultTopic = outbox.DefaultTopic
 // DefaultPollInterval is what [Options.PollInterval] defaults to.
 const DefaultPollInterval = outbox.DefaultPollInterval
 
+// DefaultPruneBatch is the number of rows Prune deletes per statement when
+// given none.
+const DefaultPruneBatch = outbox.DefaultPruneBatch
+
 // The errors are the same values as package sqloutbox's: errors.Is
 // matches either package's.
 var (
@@ -83,6 +87,9 @@ var (
 	// Options.Schema or Options.Offsets is not the default one, whose
 	// tables it cannot read.
 	ErrBacklogUnsupported = outbox.ErrBacklogUnsupported
+	// ErrPruneUnsupported is returned by Prune for an outbox whose
+	// Options.Schema or Options.Offsets is not the default one.
+	ErrPruneUnsupported = outbox.ErrPruneUnsupported
 )
 
 // Options configures a MySQL outbox. The zero value is ready to use.
@@ -248,6 +255,23 @@ func (t sqlTx) Rollback(context.Context) error {
 // Options set both.
 func (m *Outbox) NewForwarder(out message.Publisher, logger watermill.LoggerAdapter, cfg forwarder.Config) (*forwarder.Forwarder, error) {
 	return m.outbox.NewForwarder(out, logger, cfg)
+}
+
+// Prune deletes the outbox rows the Forwarder has marked forwarded
+// (acked) that are older than olderThan, by the database's clock, and
+// returns how many it deleted. It deletes at most batch rows
+// (DefaultPruneBatch if batch is not positive) per statement, each a short
+// transaction of its own that locks only forwarded rows, until a statement
+// deletes fewer: writers and the Forwarder go on meanwhile. A row not yet
+// forwarded is never deleted. Call it from a periodic job; or set
+// Options.Offsets to wsql.MySQLQueueOffsetsAdapter{DeleteOnAck: true} to
+// delete each row as it is forwarded (Prune then finds none to delete).
+//
+// It returns [ErrPruneUnsupported] unless Options.Schema and
+// Options.Offsets are the defaults, and an error wrapping
+// [ErrInvalidOptions] for a negative olderThan.
+func (m *Outbox) Prune(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {
+	return m.outbox.Prune(ctx, olderThan, batch)
 }
 
 // Backlog returns how many messages wait in the outbox for the Forwarder
