@@ -83,8 +83,10 @@ type Config struct {
 
 	// Fingerprint returns what identifies the request's content: a
 	// request that reuses a key with another fingerprint is refused with
-	// 422 Unprocessable Content. body is the request body. Defaults to
-	// the SHA-256 of the method, the path and query, and the body.
+	// 422 Unprocessable Content. body is the request body. An empty
+	// fingerprint compares nothing; an error refuses the request with 400
+	// Bad Request. Defaults to the SHA-256 of the method, the path and
+	// query, and the body.
 	Fingerprint func(r *http.Request, body []byte) (string, error)
 
 	// InProgress says what a request gets while the original request with
