@@ -45,6 +45,9 @@
 //     completes.
 //   - The store fails, or the request's lease is lost while its handler
 //     runs: 503 Service Unavailable with Retry-After.
+//   - The key holds something that is not a response (completed by Do or
+//     a Watermill handler in the same namespace): 500 Internal Server
+//     Error.
 //
 // The middleware's own refusals have application/problem+json bodies (RFC
 // 9457). The expiry policy the draft asks servers to publish is the
@@ -56,9 +59,11 @@
 // The request body is read before the handler runs (to fingerprint it),
 // up to Config.MaxRequestBytes (413 Content Too Large beyond). The
 // response is kept in memory until the handler returns, so a streamed
-// response reaches the client at the end; one whose body grows past
-// Config.MaxResponseBytes is streamed from then on, not stored, and its
-// key released.
+// response reaches the client at the end (Flush does nothing until then);
+// one whose body grows past Config.MaxResponseBytes is streamed from then
+// on, not stored, and its key released. A handler cannot take over its
+// connection: http.ResponseController's Hijack returns an error matching
+// http.ErrNotSupported. Its deadlines apply to the client's connection.
 //
 // # In the handler's own transaction
 //

@@ -83,8 +83,10 @@ type Config struct {
 
 	// Fingerprint returns what identifies the request's content: a
 	// request that reuses a key with another fingerprint is refused with
-	// 422 Unprocessable Content. body is the request body. Defaults to
-	// the SHA-256 of the method, the path and query, and the body.
+	// 422 Unprocessable Content. body is the request body. An empty
+	// fingerprint compares nothing; an error refuses the request with 400
+	// Bad Request. Defaults to the SHA-256 of the method, the path and
+	// query, and the body.
 	Fingerprint func(r *http.Request, body []byte) (string, error)
 
 	// InProgress says what a request gets while the original request with
@@ -178,14 +180,16 @@ func New(cfg Config) (*Middleware, error) {
 	check(cfg.MaxKeyBytes > 0, "MaxKeyBytes must be positive, got %d", cfg.MaxKeyBytes)
 	check(cfg.MaxRequestBytes > 0, "MaxRequestBytes must be positive, got %d", cfg.MaxRequestBytes)
 	check(cfg.MaxResponseBytes > 0, "MaxResponseBytes must be positive, got %d", cfg.MaxResponseBytes)
+	maxKey := engine.MaxKeyBytes - len(engine.Namespace) - 1
 	if cfg.Idempotency != nil {
 		check(cfg.MaxResponseBytes <= engine.MaxOutputBytes, "MaxResponseBytes (%d) must be at most the Idempotency's MaxOutputBytes (%d)", cfg.MaxResponseBytes, engine.MaxOutputBytes)
+		check(engine.Namespace == "" || maxKey >= hashedKeyBytes, "the Idempotency's MaxKeyBytes (%d) leaves %d bytes after its Namespace; a request's key takes up to %d once hashed", engine.MaxKeyBytes, maxKey, hashedKeyBytes)
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
 	}
 	cfg.ReplayHeaders = append([]string(nil), cfg.ReplayHeaders...)
-	return &Middleware{cfg: cfg, codec: newResponseCodec(cfg.ReplayHeaders), maxKey: engine.MaxKeyBytes - len(engine.Namespace) - 1}, nil
+	return &Middleware{cfg: cfg, codec: newResponseCodec(cfg.ReplayHeaders), maxKey: maxKey}, nil
 }
 
 // Handler wraps next: a request with an Idempotency-Key runs next at most
@@ -297,6 +301,10 @@ func (m *Middleware) refuse(w http.ResponseWriter, err error) {
 		m.problem(w, http.StatusUnprocessableEntity, "The Idempotency-Key was used with another request payload for this operation; use a new key for a new request.", 0)
 	case errors.Is(err, idempotency.ErrInvalidKey):
 		m.problem(w, http.StatusBadRequest, "The Idempotency-Key cannot be used: "+err.Error()+".", 0)
+	case errors.Is(err, errCorrupt):
+		// Retrying cannot help: the key holds something other than a
+		// response (a key of the namespace completed by another door).
+		m.problem(w, http.StatusInternalServerError, "The response stored for this Idempotency-Key cannot be read.", 0)
 	default: // the store failed, or the client left
 		m.problem(w, http.StatusServiceUnavailable, "The request could not be checked against earlier requests with its Idempotency-Key; retry it.", time.Second)
 	}
@@ -333,13 +341,21 @@ func storeKey(op, scope, key string, limit int) string {
 		return k
 	}
 	sum := sha256.Sum256([]byte(op + "|" + scope))
-	k = "sha256:" + hex.EncodeToString(sum[:]) + "|" + key
+	k = hashPrefix + hex.EncodeToString(sum[:]) + "|" + key
 	if len(k) <= limit {
 		return k
 	}
 	all := sha256.Sum256([]byte(k))
-	return "sha256:" + hex.EncodeToString(all[:])
+	return hashPrefix + hex.EncodeToString(all[:])
 }
+
+// hashPrefix starts a hashed key or part; a route never does, since it
+// holds a space.
+const hashPrefix = "sha256:"
+
+// hashedKeyBytes is the length of a key hashed whole, the longest
+// storeKey returns when it must hash.
+const hashedKeyBytes = len(hashPrefix) + 2*sha256.Size
 
 var escaper = strings.NewReplacer("%", "%25", "|", "%7C")
 

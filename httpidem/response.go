@@ -1,10 +1,12 @@
 package httpidem
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 )
@@ -96,8 +98,17 @@ func (r *recorder) Flush() {
 	}
 }
 
-// Unwrap returns the client's writer, for http.ResponseController.
+// Unwrap returns the client's writer, for http.ResponseController: its
+// deadlines and full duplex apply to the client's connection.
 func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
+
+// Hijack implements http.Hijacker to refuse it: a response written on a
+// hijacked connection could be neither kept nor replayed.
+// http.ResponseController.Hijack asks the recorder, not the writer it
+// wraps, and gets an error matching http.ErrNotSupported.
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return nil, nil, fmt.Errorf("httpidem: a request with an Idempotency-Key cannot take over its connection: %w", http.ErrNotSupported)
+}
 
 // stream sends what was kept and makes the recorder a pass-through.
 func (r *recorder) stream() {

@@ -43,6 +43,7 @@ type stormServer struct {
 	Prefix    string // the Redis key prefix or the Postgres schema
 	Namespace string
 	Sink      string // the URL the handlers apply their effects at
+	Wait      bool   // InProgress: Wait, not Conflict
 }
 
 func TestMain(m *testing.M) {
@@ -95,7 +96,11 @@ func (s stormServer) serve() error {
 	if err != nil {
 		return err
 	}
-	mw, err := httpidem.New(httpidem.Config{Idempotency: idem, Required: true})
+	policy := httpidem.Conflict
+	if s.Wait {
+		policy = httpidem.Wait
+	}
+	mw, err := httpidem.New(httpidem.Config{Idempotency: idem, Required: true, InProgress: policy})
 	if err != nil {
 		return err
 	}
@@ -130,31 +135,43 @@ func (s stormServer) serve() error {
 
 // TestStormTwoProcesses: 50 concurrent requests for each key, spread over
 // two server processes on one store, run each key's effect exactly once,
-// as a fenced sink counts it, and every client gets the one response.
+// as a fenced sink counts it, and every client gets the one response;
+// with the Conflict policy (the clients retry on 409) and with Wait (the
+// servers wait for the original, woken across processes by the store).
 func TestStormTwoProcesses(t *testing.T) {
 	for _, name := range []string{"redis", "postgres"} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			s := stormServer{Store: name, Namespace: "storm", Prefix: testserver.Unique("httpidem-storm:")}
-			switch name {
-			case "redis":
-				testserver.RedisClient(t)
-				s.Addr = testserver.Service(t, "REDIS_ADDR")
-			case "postgres":
-				pool := testserver.PostgresPool(t)
-				s.Addr = testserver.PostgresURL(t)
-				s.Prefix = fmt.Sprintf("httpidem_storm_%d", time.Now().UnixNano())
-				ps, err := pgstore.New(pool, pgstore.Options{Schema: s.Prefix})
-				require.NoError(t, err)
-				require.NoError(t, ps.Migrate(t.Context()))
-				t.Cleanup(func() {
-					_, err := pool.Exec(context.Background(), `DROP SCHEMA `+s.Prefix+` CASCADE`)
-					require.NoError(t, err)
-				})
+		for _, wait := range []bool{false, true} {
+			policy := "conflict"
+			if wait {
+				policy = "wait"
 			}
-			runStorm(t, s)
+			t.Run(name+"/"+policy, func(t *testing.T) {
+				t.Parallel()
+				stormOn(t, stormServer{Store: name, Namespace: "storm", Prefix: testserver.Unique("httpidem-storm:"), Wait: wait})
+			})
+		}
+	}
+}
+
+// stormOn readies s's store, then runs the storm on it.
+func stormOn(t *testing.T, s stormServer) {
+	switch s.Store {
+	case "redis":
+		testserver.RedisClient(t)
+		s.Addr = testserver.Service(t, "REDIS_ADDR")
+	case "postgres":
+		pool := testserver.PostgresPool(t)
+		s.Addr = testserver.PostgresURL(t)
+		s.Prefix = fmt.Sprintf("httpidem_storm_%d_%d", time.Now().UnixNano(), schemaSeq.Add(1))
+		ps, err := pgstore.New(pool, pgstore.Options{Schema: s.Prefix})
+		require.NoError(t, err)
+		require.NoError(t, ps.Migrate(t.Context()))
+		t.Cleanup(func() {
+			_, err := pool.Exec(context.Background(), `DROP SCHEMA `+s.Prefix+` CASCADE`)
+			require.NoError(t, err)
 		})
 	}
+	runStorm(t, s)
 }
 
 func runStorm(t *testing.T, s stormServer) {
@@ -250,8 +267,8 @@ func runStorm(t *testing.T, s stormServer) {
 		}
 		require.Equal(t, 1, originals, "key %d: one response is the original, the others replays", k)
 	}
-	t.Logf("%s: %d keys × %d concurrent requests over 2 processes: %d fenced effects applied (one per key), %d refused as stale, %d attempts at the sink; %d replays, %d answers 409 retried",
-		s.Store, keys, copies, keys, refused, applies.Load(), replays, conflicts)
+	t.Logf("%s, wait=%v: %d keys × %d concurrent requests over 2 processes: %d fenced effects applied (one per key), %d refused as stale, %d attempts at the sink; %d replays, %d answers 409 retried",
+		s.Store, s.Wait, keys, copies, keys, refused, applies.Load(), replays, conflicts)
 }
 
 // startServer starts a server process and returns its address; it is
