@@ -3,13 +3,15 @@ package main
 // The demonstration, apart from the service: it runs the service as a
 // child process (this program with -serve), sends it requests as clients
 // that retry would, kills it in the middle of a request and starts it
-// again, waits until every order is charged, and checks what happened.
-// Every claim it prints is computed from what the clients received and
-// what the orders and charges tables and the OrderPlaced stream hold; the
+// again, reads every order back, waits until every order is charged, and
+// checks what happened. Every claim it prints is computed from what the
+// clients received, what the service logged, and what the orders and
+// charges tables, the OrderPlaced stream and its consumer group hold; the
 // program exits non-zero if one is false.
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,11 +19,14 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
@@ -30,15 +35,35 @@ import (
 const (
 	retried    = 10 // orders sent twice each, as a client that timed out retries
 	concurrent = 20 // copies of one order sent at once
+	customer   = "ada"
+	// raceSlow is how long the order of the concurrent copies waits in
+	// its transaction: the other copies find its key in progress.
+	raceSlow = 500 * time.Millisecond
+)
+
+// The answers to POST /orders, as the summary counts them.
+const (
+	created     = "created"            // 201
+	replayed    = "replayed"           // 201 with Idempotent-Replayed: true
+	conflict    = "conflict"           // 409 with a Retry-After
+	badRequest  = "bad request"        // 400
+	badReplayed = "bad request again"  // 400 with Idempotent-Replayed: true
+	mismatch    = "mismatch"           // 422
+	lost        = "lost"               // no answer: the service was killed
+	otherwise   = "answered otherwise" // anything else: a claim is false
 )
 
 type demo struct {
 	cfg    config
+	exe    string // this program, run with -serve
 	client *http.Client
 
 	mu        sync.Mutex
-	responses map[string]int            // by kind: created, replayed, conflict, mismatch, lost
+	sent      int
+	keys      map[string]bool           // every key sent
+	answers   map[string]int            // by kind
 	bodies    map[string]map[string]int // the 201 bodies each key got, counted
+	locations map[string]string         // the Location of each key's 201
 }
 
 // runDemo runs the service in a child process and the demonstration
@@ -50,28 +75,46 @@ func runDemo(ctx context.Context, cfg config) error {
 	}
 	cfg.httpAddr = ln.Addr().String()
 	_ = ln.Close()
-	d := &demo{cfg: cfg, client: &http.Client{Timeout: time.Minute}, responses: map[string]int{}, bodies: map[string]map[string]int{}}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	pool, err := pgxpool.New(ctx, cfg.databaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.redisAddr})
+	defer rdb.Close()
+	n := namesFor(cfg.prefix)
+	d := &demo{
+		cfg: cfg, exe: exe, client: &http.Client{Timeout: time.Minute},
+		keys: map[string]bool{}, answers: map[string]int{}, bodies: map[string]map[string]int{}, locations: map[string]string{},
+	}
 
 	svc, err := d.start(ctx)
 	if err != nil {
 		return err
 	}
-	defer func() { svc.stop() }()
+	defer func() { _ = svc.stop() }()
 
-	fmt.Printf("== %d orders, each sent again as a retry with the same key\n", retried)
+	fmt.Printf("== %d orders, each sent again with the same key, as a client that timed out retries\n", retried)
 	for i := 1; i <= retried; i++ {
 		for range 2 {
-			if err := d.order(ctx, fmt.Sprintf("k-%d", i), fmt.Sprintf(`{"item":"book-%d","amount_cents":%d}`, i, 100*i)); err != nil {
+			if _, err := d.order(ctx, fmt.Sprintf("k-%d", i), fmt.Sprintf(`{"item":"book-%d","amount_cents":%d}`, i, 100*i), nil); err != nil {
 				return err
 			}
 		}
 	}
 
-	fmt.Printf("== one order, %d copies at once; a copy answered 409 comes back after a pause\n", concurrent)
+	fmt.Printf("== one order, %d copies at once, each held %v in its transaction; a copy answered 409 is sent again after its Retry-After\n", concurrent, raceSlow)
 	var wg sync.WaitGroup
 	errs := make(chan error, concurrent)
 	for range concurrent {
-		wg.Go(func() { errs <- d.order(ctx, "race", `{"item":"lamp","amount_cents":4500}`) })
+		wg.Go(func() {
+			_, err := d.order(ctx, "race", `{"item":"lamp","amount_cents":4500}`, http.Header{slowHeader: {raceSlow.String()}})
+			errs <- err
+		})
 	}
 	wg.Wait()
 	close(errs)
@@ -81,38 +124,92 @@ func runDemo(ctx context.Context, cfg config) error {
 		}
 	}
 
+	fmt.Println("== a malformed body, sent twice with one key")
+	for range 2 {
+		if _, err := d.once(ctx, "malformed", `{"item":"book","amount_cents":`, nil); err != nil {
+			return err
+		}
+	}
+
 	fmt.Println("== the key of the first order, reused for another order")
-	if err := d.mismatch(ctx, "k-1", `{"item":"a different book","amount_cents":999}`); err != nil {
+	if _, err := d.once(ctx, "k-1", `{"item":"a different book","amount_cents":999}`, nil); err != nil {
 		return err
 	}
 
-	fmt.Println("== an order whose service is killed (SIGKILL) inside its transaction, then started again")
-	lost := make(chan error, 1)
-	go func() { lost <- d.once(ctx, "crash", `{"item":"`+slowItem+`","amount_cents":7700}`) }()
-	time.Sleep(slowFor / 3) // the order is inside its transaction
-	svc.kill()
-	if err := <-lost; err == nil {
-		return errors.New("the request to the killed service succeeded")
+	fmt.Println("== an order whose API is killed (SIGKILL) inside its transaction; the API is started again, the client retries with the same key")
+	crash := `{"item":"desk","amount_cents":7700}`
+	var before, after int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+n.orders).Scan(&before); err != nil {
+		return err
 	}
-	d.count("lost", "")
+	inside := svc.out.await("a slow order, inside its transaction")
+	answered := make(chan error, 1)
+	go func() {
+		_, err := d.once(ctx, "crash", crash, http.Header{slowHeader: {maxSlow.String()}})
+		answered <- err
+	}()
+	var line string
+	select {
+	case line = <-inside:
+	case err := <-answered:
+		return fmt.Errorf("the slow request ended before the kill: %v", err)
+	case <-time.After(time.Minute):
+		return errors.New("the slow request did not reach its transaction within a minute")
+	}
+	svc.kill()
+	if err := <-answered; err == nil {
+		return errors.New("the request to the killed API was answered")
+	}
+	d.count(lost, "", "", "")
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+n.orders).Scan(&after); err != nil {
+		return err
+	}
+	m := regexp.MustCompile(`fencing_token=(\d+)`).FindStringSubmatch(line)
+	if m == nil {
+		return fmt.Errorf("no fencing token in the API's line %q", line)
+	}
+	killedToken, _ := strconv.ParseInt(m[1], 10, 64)
+	fmt.Printf("   killed inside the order's transaction (fencing token %d): %d order rows before the request, %d after the kill\n", killedToken, before, after)
 	if svc, err = d.start(ctx); err != nil {
 		return err
 	}
-	if err := d.order(ctx, "crash", `{"item":"`+slowItem+`","amount_cents":7700}`); err != nil {
+	conflicts := d.answered(conflict)
+	body, err := d.order(ctx, "crash", crash, nil)
+	if err != nil {
+		return err
+	}
+	var o order
+	var retryToken int64 // 0 (the check fails) unless the retry's 201 names its order
+	if err := json.Unmarshal([]byte(body), &o); err == nil && o.ID != "" {
+		if err := pool.QueryRow(ctx, `SELECT fencing_token FROM `+n.orders+` WHERE id = $1`, o.ID).Scan(&retryToken); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+	}
+	waited := "no 409: the killed request's lease had run out"
+	if c := d.answered(conflict) - conflicts; c > 0 {
+		waited = fmt.Sprintf("%d× 409 while the killed request's lease ran out", c)
+	}
+	fmt.Printf("   the retry: %s, then 201: order %s, fencing token %d\n", waited, o.ID, retryToken)
+
+	fmt.Println("== every order read back with GET on its 201's Location")
+	readBack, err := d.readBack(ctx)
+	if err != nil {
 		return err
 	}
 
-	fmt.Println("== waiting until every order is charged")
-	obs, err := d.observe(ctx, retried+2)
+	fmt.Println("== waiting until every OrderPlaced is consumed and every order charged")
+	obs, err := d.observe(ctx, pool, rdb)
 	if err != nil {
 		return err
 	}
 	if err := svc.stop(); err != nil {
-		return fmt.Errorf("the service: %w", err)
+		return fmt.Errorf("the API did not shut down cleanly: %w", err)
 	}
 	d.mu.Lock()
-	obs.responses, obs.bodies = d.responses, d.bodies
+	obs.sent, obs.keys, obs.answers, obs.bodies = d.sent, len(d.keys), d.answers, d.bodies
 	d.mu.Unlock()
+	obs.readBack = readBack
+	obs.beforeKill, obs.afterKill, obs.killedToken, obs.retryToken = before, after, killedToken, retryToken
 
 	fmt.Println("Summary:")
 	for _, line := range obs.sums() {
@@ -122,24 +219,31 @@ func runDemo(ctx context.Context, cfg config) error {
 		fmt.Printf("Check FAILED: %v\n", err)
 		return err
 	}
-	fmt.Printf("Check: %d keys, %d orders created and charged exactly once each, every retry answered with its original response; every sum above adds up.\n", obs.keys(), obs.keys())
+	fmt.Printf("Check: %d keys, %d orders created, read back and charged exactly once each; every retry got its key's first answer, "+
+		"the killed request left nothing and its retry created its order; every sum above adds up.\n", wantKeys, wantKeys)
 	return nil
 }
+
+// wantKeys is how many keys get an order: the retried ones, the one sent
+// concurrently, the one whose API was killed.
+const wantKeys = retried + 2
 
 // service is the child process.
 type service struct {
 	cmd  *exec.Cmd
+	out  *output
 	done chan error
 }
 
+// start starts the service and waits until it answers.
 func (d *demo) start(ctx context.Context) (*service, error) {
-	cmd := exec.CommandContext(ctx, os.Args[0], "-serve")
+	cmd := exec.CommandContext(ctx, d.exe, "-serve")
 	cmd.Env = append(os.Environ(), "HTTP_ADDR="+d.cfg.httpAddr, "DATABASE_URL="+d.cfg.databaseURL, "REDIS_ADDR="+d.cfg.redisAddr, "PREFIX="+d.cfg.prefix)
-	cmd.Stdout, cmd.Stderr = prefixed("service| "), prefixed("service| ")
+	s := &service{cmd: cmd, out: &output{prefix: "service| "}, done: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = s.out, s.out
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	s := &service{cmd: cmd, done: make(chan error, 1)}
 	go func() { s.done <- cmd.Wait() }()
 	for deadline := time.Now().Add(time.Minute); ; {
 		resp, err := d.client.Get("http://" + d.cfg.httpAddr + "/healthz")
@@ -149,16 +253,17 @@ func (d *demo) start(ctx context.Context) (*service, error) {
 		}
 		select {
 		case err := <-s.done:
-			return nil, fmt.Errorf("the service exited: %v", err)
+			return nil, fmt.Errorf("the API exited: %v", err)
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			s.kill()
-			return nil, errors.New("the service did not answer within a minute")
+			return nil, errors.New("the API did not answer within a minute")
 		}
 	}
 }
 
+// kill kills the service outright, as a crash would.
 func (s *service) kill() {
 	_ = s.cmd.Process.Signal(syscall.SIGKILL)
 	<-s.done
@@ -173,119 +278,202 @@ func (s *service) stop() error {
 	return err
 }
 
-// once sends POST /orders once and counts its answer.
-func (d *demo) once(ctx context.Context, key, body string) error {
-	status, got, replayed, err := d.post(ctx, key, body)
+// answer is what a POST /orders got.
+type answer struct {
+	kind       string
+	body       string
+	retryAfter time.Duration // a 409's
+}
+
+// once sends POST /orders once and counts its answer: its kind and, for a
+// 201, its body and Location.
+func (d *demo) once(ctx context.Context, key, body string, header http.Header) (answer, error) {
+	d.mu.Lock()
+	d.sent++
+	d.keys[key] = true
+	d.mu.Unlock()
+	resp, got, err := d.post(ctx, key, body, header)
 	if err != nil {
-		return err
+		return answer{}, err
 	}
+	again := resp.Header.Get("Idempotent-Replayed") == "true"
+	retry, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	var kind string
 	switch {
-	case status == http.StatusCreated && replayed:
-		d.count("replayed", key, got)
-	case status == http.StatusCreated:
-		d.count("created", key, got)
-	case status == http.StatusConflict:
-		d.count("conflict", "")
-		return errConflict
+	case resp.StatusCode == http.StatusCreated && again:
+		kind = replayed
+	case resp.StatusCode == http.StatusCreated:
+		kind = created
+	case resp.StatusCode == http.StatusConflict && retry >= 1:
+		kind = conflict
+	case resp.StatusCode == http.StatusBadRequest && again:
+		kind = badReplayed
+	case resp.StatusCode == http.StatusBadRequest:
+		kind = badRequest
+	case resp.StatusCode == http.StatusUnprocessableEntity:
+		kind = mismatch
 	default:
-		return fmt.Errorf("key %s: status %d: %s", key, status, got)
+		kind = otherwise
+		fmt.Printf("   key %s: %s (Retry-After %q): %s\n", key, resp.Status, resp.Header.Get("Retry-After"), strings.TrimSpace(got))
 	}
-	return nil
+	d.count(kind, key, got, resp.Header.Get("Location"))
+	return answer{kind: kind, body: got, retryAfter: time.Duration(retry) * time.Second}, nil
 }
 
-var errConflict = errors.New("409 Conflict")
-
-// order sends POST /orders until it is not answered 409, as a client
-// does after Retry-After (sooner here, to keep the demo short).
-func (d *demo) order(ctx context.Context, key, body string) error {
+// order sends POST /orders until it is not answered 409, waiting the
+// Retry-After of each 409 as a client does, and returns the 201's body, or
+// "" if the last answer was another (counted: the check fails).
+func (d *demo) order(ctx context.Context, key, body string, header http.Header) (string, error) {
 	for deadline := time.Now().Add(time.Minute); ; {
-		err := d.once(ctx, key, body)
-		if !errors.Is(err, errConflict) || time.Now().After(deadline) {
-			return err
+		a, err := d.once(ctx, key, body, header)
+		switch {
+		case err != nil:
+			return "", err
+		case a.kind == created || a.kind == replayed:
+			return a.body, nil
+		case a.kind != conflict:
+			return "", nil
+		case time.Now().After(deadline):
+			return "", fmt.Errorf("key %s: answered 409 for a minute", key)
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(a.retryAfter):
+		}
 	}
 }
 
-// mismatch sends a request that must be refused 422.
-func (d *demo) mismatch(ctx context.Context, key, body string) error {
-	status, got, _, err := d.post(ctx, key, body)
-	if err != nil {
-		return err
-	}
-	if status != http.StatusUnprocessableEntity {
-		return fmt.Errorf("key %s reused for another order: status %d, want 422: %s", key, status, got)
-	}
-	d.count("mismatch", "")
-	return nil
-}
-
-func (d *demo) post(ctx context.Context, key, body string) (status int, got string, replayed bool, err error) {
+func (d *demo) post(ctx context.Context, key, body string, header http.Header) (*http.Response, string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+d.cfg.httpAddr+"/orders", strings.NewReader(body))
 	if err != nil {
-		return 0, "", false, err
+		return nil, "", err
 	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", `"`+key+`"`)
-	req.Header.Set("X-Customer", "ada")
+	req.Header.Set("X-Customer", customer)
 	resp, err := d.client.Do(req)
 	if err != nil {
-		return 0, "", false, err
+		return nil, "", err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed") == "true", err
+	return resp, string(b), err
 }
 
-func (d *demo) count(kind, key string, body ...string) {
+func (d *demo) count(kind, key, body, location string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.responses[kind]++
-	for _, b := range body {
-		if d.bodies[key] == nil {
-			d.bodies[key] = map[string]int{}
-		}
-		d.bodies[key][b]++
+	d.answers[kind]++
+	if kind != created && kind != replayed {
+		return
 	}
+	if d.bodies[key] == nil {
+		d.bodies[key] = map[string]int{}
+	}
+	d.bodies[key][body]++
+	d.locations[key] = location
 }
 
-// observe waits until the charges table holds a charge of every order,
-// at most a minute, and returns what the tables and the stream hold.
-func (d *demo) observe(ctx context.Context, want int) (*observations, error) {
-	pool, err := pgxpool.New(ctx, d.cfg.databaseURL)
-	if err != nil {
-		return nil, err
+func (d *demo) answered(kind string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.answers[kind]
+}
+
+// readBack gets every key's order from the Location of its 201 and
+// returns, by key, whether it is what the 201 said.
+func (d *demo) readBack(ctx context.Context) (map[string]bool, error) {
+	d.mu.Lock()
+	locations := map[string]string{}
+	first := map[string]string{}
+	for key, loc := range d.locations {
+		locations[key] = loc
+		for body := range d.bodies[key] {
+			first[key] = body
+		}
 	}
-	defer pool.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: d.cfg.redisAddr})
-	defer rdb.Close()
+	d.mu.Unlock()
+	same := map[string]bool{}
+	for key, loc := range locations {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.cfg.httpAddr+loc, nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := d.client.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		b, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		same[key] = resp.StatusCode == http.StatusOK && string(b) == first[key]
+		if !same[key] {
+			fmt.Printf("   GET %s (key %s): %s %q, its 201 said %q\n", loc, key, resp.Status, b, first[key])
+		}
+	}
+	return same, nil
+}
+
+// observe waits until every order is on the OrderPlaced stream, every
+// entry of the stream is acked by the consumer group, and every order is
+// charged (at most two minutes), and returns what the tables and the
+// stream hold.
+func (d *demo) observe(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client) (*observations, error) {
 	n := namesFor(d.cfg.prefix)
 	o := &observations{}
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+	var err error
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		if o.orders, err = countBy(ctx, pool, `SELECT idempotency_key, count(*) FROM `+n.orders+` GROUP BY 1`); err != nil {
+			return nil, err
+		}
+		if o.orderIDs, err = countBy(ctx, pool, `SELECT id, count(*) FROM `+n.orders+` GROUP BY 1`); err != nil {
+			return nil, err
+		}
 		if o.charges, err = countBy(ctx, pool, `SELECT order_id, count(*) FROM `+n.charges+` GROUP BY 1`); err != nil {
 			return nil, err
 		}
-		if len(o.charges) >= want || time.Now().After(deadline) {
-			break
+		entries, err := rdb.XRange(ctx, n.placed, "-", "+").Result()
+		if err != nil {
+			return nil, err
+		}
+		o.placed = map[string]int{}
+		for _, e := range entries {
+			id, _ := e.Values["_watermill_message_uuid"].(string)
+			o.placed[id]++
+		}
+		groups, err := rdb.XInfoGroups(ctx, n.placed).Result()
+		if err != nil {
+			return nil, err
+		}
+		o.unacked = -1 // until the group exists
+		for _, g := range groups {
+			if g.Name == n.group {
+				o.unacked = g.Pending + g.Lag
+			}
+		}
+		settled := o.unacked == 0
+		for id := range o.orderIDs {
+			settled = settled && o.placed[id] > 0 && o.charges[id] > 0
+		}
+		if settled || time.Now().After(deadline) {
+			return o, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	if o.orders, err = countBy(ctx, pool, `SELECT idempotency_key, count(*) FROM `+n.orders+` GROUP BY 1`); err != nil {
-		return nil, err
-	}
-	if o.orderIDs, err = countBy(ctx, pool, `SELECT id, 1 FROM `+n.orders); err != nil {
-		return nil, err
-	}
-	entries, err := rdb.XRange(ctx, n.placed, "-", "+").Result()
-	if err != nil {
-		return nil, err
-	}
-	o.placed = map[string]int{}
-	for _, e := range entries {
-		id, _ := e.Values["_watermill_message_uuid"].(string)
-		o.placed[id]++
-	}
-	return o, nil
 }
 
+// countBy runs query, which returns a key and a count per row, and
+// returns the counts by key.
 func countBy(ctx context.Context, pool *pgxpool.Pool, query string) (map[string]int, error) {
 	rows, err := pool.Query(ctx, query)
 	if err != nil {
@@ -305,15 +493,23 @@ func countBy(ctx context.Context, pool *pgxpool.Pool, query string) (map[string]
 
 // observations is what the check reads.
 type observations struct {
-	responses map[string]int            // what the clients got, by kind
-	bodies    map[string]map[string]int // the 201 bodies by key
-	orders    map[string]int            // order rows by idempotency key
-	orderIDs  map[string]int
-	placed    map[string]int // OrderPlaced entries on the stream, by message UUID
-	charges   map[string]int // charge rows by order ID
-}
+	sent     int                       // POST /orders requests sent
+	keys     int                       // the keys they carried
+	answers  map[string]int            // their answers, by kind
+	bodies   map[string]map[string]int // the 201 bodies each key got, counted
+	readBack map[string]bool           // by key: GET on its 201's Location gave the 201's body
+	orders   map[string]int            // order rows by idempotency key
+	orderIDs map[string]int            // order rows by order ID
+	placed   map[string]int            // OrderPlaced entries on the stream, by message UUID (the order ID)
+	charges  map[string]int            // charge rows by order ID
+	unacked  int64                     // OrderPlaced entries the consumer group has not acked (pending and lag), -1 without the group
 
-func (o *observations) keys() int { return len(o.bodies) }
+	// The killed request: the order rows before it and after the kill,
+	// its lease's fencing token (from the API's log), and the fencing
+	// token of the order its retry created.
+	beforeKill, afterKill   int
+	killedToken, retryToken int64
+}
 
 // sum is a line of the summary: a total and the parts it is made of,
 // each read from where it happened. The check fails unless they add up.
@@ -360,19 +556,46 @@ func once(m map[string]int) (total, keys, again int) {
 	return total, keys, again
 }
 
+// bodyKeys counts the keys answered 201 with one body, and with several.
+func (o *observations) bodyKeys() (one, several int) {
+	for _, bodies := range o.bodies {
+		if len(bodies) == 1 {
+			one++
+		} else {
+			several++
+		}
+	}
+	return one, several
+}
+
 func (o *observations) sums() []sum {
-	r := o.responses
-	sent := 2*retried + concurrent + 1 + 2 // the retried pairs, the copies, the reused key, the crash and its retry
+	a := o.answers
 	line := func(label string, m map[string]int, first, again string) sum {
 		total, keys, more := once(m)
 		return sum{label: label, total: total, parts: []part{{keys, first}, {more, again}}}
 	}
+	one, several := o.bodyKeys()
+	same := 0
+	for _, ok := range o.readBack {
+		if ok {
+			same++
+		}
+	}
 	return []sum{
-		{label: "requests answered or lost", total: sent + r["conflict"], parts: []part{
-			{r["created"], "created (201)"}, {r["replayed"], "replayed (201, Idempotent-Replayed: true)"},
-			{r["conflict"], "answered 409 while the key's first request ran, and sent again"}, {r["mismatch"], "refused 422, a key reused for another order"},
-			{r["lost"], "lost with the killed service"}}},
+		{label: "POST /orders requests", total: o.sent, parts: []part{
+			{a[created], "created (201)"}, {a[replayed], "replayed 201s (Idempotent-Replayed: true)"},
+			{a[conflict], "answered 409 with Retry-After while the key's first request ran, and sent again after it"},
+			{a[badRequest], "refused 400 (a malformed body)"}, {a[badReplayed], "replayed 400s (Idempotent-Replayed: true)"},
+			{a[mismatch], "refused 422 (a key reused for another order)"}, {a[lost], "lost with the killed API"},
+			{a[otherwise], "answered otherwise"}}},
+		{label: "keys sent", total: o.keys, parts: []part{
+			{one, "answered 201 with one body, retries included"}, {several, "answered 201 with different bodies"},
+			{o.keys - one - several, "never answered 201 (the malformed body)"}}},
 		line("order rows", o.orders, "keys with an order", "orders of a key that had one"),
+		{label: "orders read back (GET on the 201's Location)", total: len(o.readBack), parts: []part{
+			{same, "as their 201 said"}, {len(o.readBack) - same, "otherwise"}}},
+		{label: "order rows when the API was killed", total: o.afterKill, parts: []part{
+			{o.beforeKill, "before its slow request"}, {o.afterKill - o.beforeKill, "left by the killed request"}}},
 		line("OrderPlaced on the stream", o.placed, "orders", "forwarded again (at least once)"),
 		line("charge rows", o.charges, "orders charged", "charges of an order charged before"),
 	}
@@ -386,24 +609,25 @@ func (o *observations) check() error {
 			errs = append(errs, err)
 		}
 	}
-	want := retried + 2
-	if o.keys() != want {
-		errs = append(errs, fmt.Errorf("%d keys got a 201, want %d", o.keys(), want))
+	a := o.answers
+	if one, several := o.bodyKeys(); one != wantKeys || several != 0 {
+		errs = append(errs, fmt.Errorf("%d keys answered 201 with one body and %d with several, want %d and 0", one, several, wantKeys))
 	}
-	for key, bodies := range o.bodies {
-		if len(bodies) != 1 {
-			errs = append(errs, fmt.Errorf("key %s: %d different 201 bodies, want one", key, len(bodies)))
-		}
+	if a[created] != wantKeys {
+		errs = append(errs, fmt.Errorf("%d requests created an order, want %d, one per key", a[created], wantKeys))
 	}
-	if o.responses["created"] != want {
-		errs = append(errs, fmt.Errorf("%d requests created an order, want %d, one per key", o.responses["created"], want))
+	if a[replayed] < retried {
+		errs = append(errs, fmt.Errorf("%d 201s replayed, fewer than the %d retries", a[replayed], retried))
 	}
-	if o.responses["mismatch"] != 1 || o.responses["lost"] != 1 {
-		errs = append(errs, fmt.Errorf("%d refused 422 and %d lost, want 1 and 1", o.responses["mismatch"], o.responses["lost"]))
+	if a[badRequest] != 1 || a[badReplayed] != 1 {
+		errs = append(errs, fmt.Errorf("the malformed body: %d refused 400 and %d replayed, want 1 and 1 (a 400 is stored)", a[badRequest], a[badReplayed]))
 	}
-	for what, m := range map[string]map[string]int{"created": o.orders, "charged": o.charges} {
-		if total, keys, _ := once(m); total != want || keys != want {
-			errs = append(errs, fmt.Errorf("%d of %d orders %s, %d times in all, not once each", keys, want, what, total))
+	if a[mismatch] != 1 || a[lost] != 1 || a[otherwise] != 0 {
+		errs = append(errs, fmt.Errorf("%d refused 422, %d lost and %d answered otherwise, want 1, 1 and 0", a[mismatch], a[lost], a[otherwise]))
+	}
+	for what, m := range map[string]map[string]int{"created (by key)": o.orders, "created (by ID)": o.orderIDs, "charged": o.charges} {
+		if total, keys, _ := once(m); total != wantKeys || keys != wantKeys {
+			errs = append(errs, fmt.Errorf("%d orders %s, %d times in all, want %d once each", keys, what, total, wantKeys))
 		}
 	}
 	for id := range o.orderIDs {
@@ -411,28 +635,70 @@ func (o *observations) check() error {
 			errs = append(errs, fmt.Errorf("order %s: %d charges, %d OrderPlaced on the stream", id, o.charges[id], o.placed[id]))
 		}
 	}
+	if o.unacked != 0 {
+		errs = append(errs, fmt.Errorf("%d OrderPlaced not acked by the consumer group (-1: no group)", o.unacked))
+	}
+	for key, ok := range o.readBack {
+		if !ok {
+			errs = append(errs, fmt.Errorf("key %s: its order read back is not what its 201 said", key))
+		}
+	}
+	if len(o.readBack) != wantKeys {
+		errs = append(errs, fmt.Errorf("%d orders read back, want %d", len(o.readBack), wantKeys))
+	}
+	if o.afterKill != o.beforeKill {
+		errs = append(errs, fmt.Errorf("the killed request left %d order rows", o.afterKill-o.beforeKill))
+	}
+	if o.killedToken < 1 || o.retryToken <= o.killedToken {
+		errs = append(errs, fmt.Errorf("the retry's order has fencing token %d, the killed request's lease had %d: not a later lease", o.retryToken, o.killedToken))
+	}
 	return errors.Join(errs...)
 }
 
-// prefixed writes a child's output to this program's, each line prefixed.
-func prefixed(prefix string) io.Writer { return &linePrefixer{prefix: prefix} }
-
-type linePrefixer struct {
-	mu     sync.Mutex
+// output copies a child's output to this program's, each line prefixed,
+// and hands the first line that holds a string to whoever awaits it.
+type output struct {
 	prefix string
+
+	mu     sync.Mutex
 	buf    []byte
+	awaits []awaited
 }
 
-func (l *linePrefixer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.buf = append(l.buf, p...)
+type awaited struct {
+	s    string
+	line chan string
+}
+
+// await returns a channel that receives the next line holding s.
+func (o *output) await(s string) <-chan string {
+	ch := make(chan string, 1)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.awaits = append(o.awaits, awaited{s: s, line: ch})
+	return ch
+}
+
+func (o *output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.buf = append(o.buf, p...)
 	for {
-		i := strings.IndexByte(string(l.buf), '\n')
+		i := strings.IndexByte(string(o.buf), '\n')
 		if i < 0 {
 			return len(p), nil
 		}
-		fmt.Print(l.prefix + string(l.buf[:i+1]))
-		l.buf = l.buf[i+1:]
+		line := string(o.buf[:i])
+		o.buf = o.buf[i+1:]
+		fmt.Println(o.prefix + line)
+		waiting := o.awaits[:0]
+		for _, a := range o.awaits {
+			if strings.Contains(line, a.s) {
+				a.line <- line
+			} else {
+				waiting = append(waiting, a)
+			}
+		}
+		o.awaits = waiting
 	}
 }

@@ -6,10 +6,12 @@
 // transactional outbox) and the key's completion with the 201 response in
 // one Postgres transaction. A Forwarder moves OrderPlaced to Redis
 // Streams, where a consumer charges each order once, keyed by the same
-// idempotency key: the client's key carries from its retry to the charge.
+// idempotency key: the client's key carries from its retry to the charge,
+// which commits with the completion of that key in one transaction too.
+// GET /orders/{id} reads an order back.
 //
 // main.go is the service, top to bottom: the database, the lease store,
-// the outbox, the HTTP middleware and handler, the consumer, the
+// the outbox, the HTTP middleware and handlers, the consumer, the
 // Forwarder, graceful shutdown. demo.go is the demonstration, apart from
 // the service: it runs the service as a child process, retries requests,
 // sends concurrent copies, reuses a key for another order, kills the
@@ -33,9 +35,11 @@
 //
 //	curl -i -X POST localhost:8080/orders -H 'Idempotency-Key: "k-1"' -H 'X-Customer: ada' \
 //	     -d '{"item":"book","amount_cents":1200}'
+//	curl -i localhost:8080/orders/<order_id>   # the Location of the 201
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -53,6 +57,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -72,10 +77,13 @@ const (
 	maxIdleTime = time.Second
 	// keyMetadata carries the request's idempotency key on OrderPlaced.
 	keyMetadata = "idempotency_key"
-	// slowItem is an item whose order takes slowFor inside its
-	// transaction: the demo kills the service then.
-	slowItem = "slow-book"
-	slowFor  = 3 * time.Second
+	// slowHeader holds how long (a Go duration, at most maxSlow) a
+	// request's order waits inside its transaction, before the commit: the
+	// demo's concurrent copies arrive meanwhile, and the demo kills the
+	// service then. It is no part of the request's fingerprint: a retry
+	// without it is the same request.
+	slowHeader = "X-Demo-Slow"
+	maxSlow    = time.Minute
 )
 
 type config struct {
@@ -146,6 +154,7 @@ type order struct {
 func serve(ctx context.Context, cfg config) error {
 	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{ReplaceAttr: withoutTime}))
 	wmLogger := watermill.NewSlogLoggerWithLevelMapping(logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
+	brokerLogger := quietOnShutdown{wmLogger, ctx} // the subscriber's and the Forwarder's
 	n := namesFor(cfg.prefix)
 
 	// The database: leases, orders, charges and the outbox, in one Postgres.
@@ -208,11 +217,15 @@ func serve(ctx context.Context, cfg config) error {
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", keys.Handler(createOrder(logger, pool, outbox, n)))
+	mux.Handle("POST /orders", keys.Handler(createOrder(logger, outbox, n)))
+	mux.Handle("GET /orders/{id}", getOrder(pool, n)) // a read: no key needed
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 
 	// The consumer: charges each placed order once, keyed by the request's
-	// idempotency key that OrderPlaced carries.
+	// idempotency key that OrderPlaced carries. The charge row and the
+	// completion of that key commit in one transaction (the outbox's
+	// Handler, with nothing to publish): a charge whose lease was taken
+	// over (the fencing token moved on) cannot complete, and rolls back.
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.redisAddr, ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	if err := rdb.Ping(ctx).Err(); err != nil {
@@ -227,7 +240,7 @@ func serve(ctx context.Context, cfg config) error {
 		ClaimInterval:                 maxIdleTime / 10,
 		NackResendSleep:               100 * time.Millisecond,
 		DisableIndefiniteInitialBlock: true,
-	}, wmLogger)
+	}, brokerLogger)
 	if err != nil {
 		return err
 	}
@@ -240,7 +253,10 @@ func serve(ctx context.Context, cfg config) error {
 		Key:       keyfunc.Metadata(keyMetadata),
 		Namespace: "charge",
 		LeaseTTL:  3 * maxIdleTime,
-		Logger:    wmLogger,
+		// The key is the request's, namespace included (up to the API's
+		// MaxKeyBytes, 512), under this namespace: room for both.
+		MaxKeyBytes: 1024,
+		Logger:      wmLogger,
 	})
 	if err != nil {
 		return err
@@ -249,22 +265,23 @@ func serve(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	charge := router.AddConsumerHandler("charge", n.placed, sub, func(msg *message.Message) error {
-		var o order
-		if err := json.Unmarshal(msg.Payload, &o); err != nil {
-			return idempotency.Permanent(err)
-		}
-		lease, _ := idempotency.LeaseFromContext(msg.Context())
-		logger.Info("charging", "order", o.ID, "amount_cents", o.AmountCents, "fencing_token", lease.Token)
-		_, err := pool.Exec(msg.Context(), `INSERT INTO `+n.charges+` (order_id, amount_cents, fencing_token) VALUES ($1, $2, $3)`,
-			o.ID, o.AmountCents, lease.Token)
-		return err
-	})
-	charge.AddMiddleware(billing.Middleware)
+	charge := router.AddConsumerHandler("charge", n.placed, sub, outbox.Handler(
+		func(tx *sqloutbox.PgxTx, msg *message.Message) error {
+			var o order
+			if err := json.Unmarshal(msg.Payload, &o); err != nil {
+				return idempotency.Permanent(err)
+			}
+			lease, _ := idempotency.LeaseFromContext(msg.Context())
+			logger.Info("charging", "order", o.ID, "amount_cents", o.AmountCents, "key", lease.Key, "fencing_token", lease.Token)
+			_, err := tx.Exec(msg.Context(), `INSERT INTO `+n.charges+` (order_id, amount_cents, fencing_token) VALUES ($1, $2, $3)`,
+				o.ID, o.AmountCents, lease.Token)
+			return err
+		}))
+	charge.AddMiddleware(billing.Middleware) // the outbox completes the key in the transaction
 
 	// The Forwarder: the outbox table to the OrderPlaced stream, each
 	// message at least once, under its own UUID.
-	fwd, err := outbox.NewForwarder(pub, wmLogger, forwarder.Config{})
+	fwd, err := outbox.NewForwarder(pub, brokerLogger, forwarder.Config{})
 	if err != nil {
 		return err
 	}
@@ -298,18 +315,28 @@ func serve(ctx context.Context, cfg config) error {
 // the 201 response, in one transaction that also completes the request's
 // key (contrib/sqloutbox's WithTx): a retry gets this 201 back, and
 // nothing of a request that failed is kept.
-func createOrder(logger *slog.Logger, pool *pgxpool.Pool, outbox *sqloutbox.Postgres, n names) http.HandlerFunc {
+func createOrder(logger *slog.Logger, outbox *sqloutbox.Postgres, n names) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req orderRequest
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Item == "" || req.AmountCents <= 0 {
+		slow, err := time.ParseDuration(cmp.Or(r.Header.Get(slowHeader), "0s"))
+		if err == nil && (slow < 0 || slow > maxSlow) {
+			err = fmt.Errorf("%s: %v is not between 0 and %v", slowHeader, slow, maxSlow)
+		}
+		if err == nil {
+			err = json.NewDecoder(r.Body).Decode(&req)
+		}
+		if err != nil || req.Item == "" || req.AmountCents <= 0 {
 			// A 4xx is stored too: the same request stays invalid.
 			http.Error(w, `want {"item":"…","amount_cents":N}, N > 0`, http.StatusBadRequest)
 			return
 		}
+		// The request's key as the store holds it: the namespace, the
+		// route, the customer (Config.Scope) and the client's key. It goes
+		// with OrderPlaced, and the consumer charges under it.
 		lease, _ := idempotency.LeaseFromContext(r.Context())
-		key := r.Header.Get("X-Customer") + "/" + r.Header.Get(httpidem.Header)
+		key := lease.Key
 		o := order{ID: watermill.NewUUID(), Customer: r.Header.Get("X-Customer"), Item: req.Item, AmountCents: req.AmountCents}
-		err := outbox.WithTx(r.Context(), func(tx *sqloutbox.PgxTx) error {
+		err = outbox.WithTx(r.Context(), func(tx *sqloutbox.PgxTx) error {
 			if _, err := tx.Exec(r.Context(), `INSERT INTO `+n.orders+` (id, customer, item, amount_cents, idempotency_key, fencing_token)
 				VALUES ($1, $2, $3, $4, $5, $6)`, o.ID, o.Customer, o.Item, o.AmountCents, key, lease.Token); err != nil {
 				return err
@@ -323,10 +350,10 @@ func createOrder(logger *slog.Logger, pool *pgxpool.Pool, outbox *sqloutbox.Post
 			if err := tx.Publish(n.placed, placed); err != nil {
 				return err
 			}
-			if o.Item == slowItem { // the demo kills the service meanwhile
-				logger.Info("a slow order, inside its transaction", "order", o.ID)
+			if slow > 0 { // the demo's copies arrive, or the demo kills the service, meanwhile
+				logger.Info("a slow order, inside its transaction", "order", o.ID, "for", slow, "fencing_token", lease.Token)
 				select {
-				case <-time.After(slowFor):
+				case <-time.After(slow):
 				case <-r.Context().Done():
 					return r.Context().Err()
 				}
@@ -348,6 +375,48 @@ func createOrder(logger *slog.Logger, pool *pgxpool.Pool, outbox *sqloutbox.Post
 		}
 		logger.Info("order created", "order", o.ID, "key", key, "fencing_token", lease.Token)
 	}
+}
+
+// getOrder is GET /orders/{id}: the order as its 201 said, or 404.
+func getOrder(pool *pgxpool.Pool, n names) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		o := order{ID: r.PathValue("id")}
+		err := pool.QueryRow(r.Context(), `SELECT customer, item, amount_cents FROM `+n.orders+` WHERE id = $1`, o.ID).
+			Scan(&o.Customer, &o.Item, &o.AmountCents)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			http.Error(w, "no such order", http.StatusNotFound)
+			return
+		case err != nil:
+			http.Error(w, "the order could not be read; retry", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(o)
+	}
+}
+
+// quietOnShutdown logs at debug the errors logged once ctx is done: the
+// shutdown cancels the calls in progress (the Forwarder's query of the
+// outbox table, the subscriber's read of the stream), and their libraries
+// log the cancellation, or the commit that fails after it, as an error.
+// What was cut short is done again after the next start: an outbox row
+// not marked is forwarded again, an entry not acked is claimed.
+type quietOnShutdown struct {
+	watermill.LoggerAdapter
+	ctx context.Context
+}
+
+func (l quietOnShutdown) Error(msg string, err error, fields watermill.LogFields) {
+	if l.ctx.Err() != nil {
+		l.LoggerAdapter.Debug(msg+": "+err.Error(), fields)
+		return
+	}
+	l.LoggerAdapter.Error(msg, err, fields)
+}
+
+func (l quietOnShutdown) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return quietOnShutdown{l.LoggerAdapter.With(fields), l.ctx}
 }
 
 // withoutTime drops the time from log lines: they are read in order.
