@@ -13,7 +13,9 @@ import (
 // watermill-sql topic the handlers write to and the Forwarder reads.
 const DefaultTopic = outbox.DefaultTopic
 
-// DefaultPollInterval is what [Options.PollInterval] defaults to.
+// DefaultPollInterval is what [Options.PollInterval] defaults to: the
+// Forwarder is woken when rows commit, and polls only for what a wake
+// missed.
 const DefaultPollInterval = outbox.DefaultPollInterval
 
 // The errors are the same values in package mysqloutbox: errors.Is
@@ -51,10 +53,18 @@ type Options struct {
 	// destination topic. Defaults to the Forwarder's DefaultMarshaler
 	// (JSON).
 	Marshaler forwarder.Marshaler
-	// PollInterval is how long the Forwarder's subscriber waits before it
-	// looks again when it found no new row. Defaults to
-	// DefaultPollInterval.
+	// PollInterval is how long the Forwarder waits, when it found no new
+	// row, before it reads the table again unless something wakes it: a
+	// commit of this process to the outbox, or a notification of another
+	// writer's. It bounds the delay of rows whose wake was lost. Defaults
+	// to DefaultPollInterval.
 	PollInterval time.Duration
+	// NoListen stops the Forwarder from listening for the notifications
+	// of other writers' commits: set it when the database is reached
+	// through a pooler in transaction mode (PgBouncer), where LISTEN does
+	// not work. The Forwarder is then woken by this process's commits
+	// only, and finds other writers' rows within PollInterval.
+	NoListen bool
 }
 
 func (o Options) config() outbox.Config {

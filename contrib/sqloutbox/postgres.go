@@ -30,6 +30,9 @@ type Postgres struct {
 	outbox *outbox.Outbox
 	conn   PgxDB
 	store  *pgstore.Store
+	table  string // the outbox table, for its trigger; "" if the schema does not say
+	ch     string // its notification channel
+	listen bool
 }
 
 // NewPostgres returns the outbox of store on db, which must reach the
@@ -42,12 +45,26 @@ func NewPostgres(db PgxDB, store *pgstore.Store, opts Options) (*Postgres, error
 	if err != nil {
 		return nil, err
 	}
-	return &Postgres{outbox: o, conn: db, store: store}, nil
+	p := &Postgres{outbox: o, conn: db, store: store, ch: channel(o.Topic()), listen: !opts.NoListen}
+	if t, ok := o.Schema().(interface{ MessagesTable(string) string }); ok {
+		p.table = t.MessagesTable(o.Topic())
+	}
+	return p, nil
 }
 
 // Migrate creates the outbox table and the Forwarder's offsets table if
-// they do not exist. The store's own table is created by its Migrate.
-func (p *Postgres) Migrate(ctx context.Context) error { return p.outbox.Migrate(ctx) }
+// they do not exist, and the trigger that notifies the Forwarder of the
+// rows each transaction commits (function sqloutbox_notify, trigger
+// sqloutbox_notify on the outbox table). Run it again after an upgrade
+// from a version without the trigger: it creates what is missing only.
+// The store's own table is created by its Migrate.
+func (p *Postgres) Migrate(ctx context.Context) error {
+	var after []string
+	if p.table != "" {
+		after = []string{notifyFunction, notifyTrigger(p.table, p.ch)}
+	}
+	return p.outbox.Migrate(ctx, []string{migrateLock}, after)
+}
 
 // PgxTx is the transaction a function given to [Postgres.WithTx] (or a
 // handler made by [Postgres.Handler]) runs in: a pgx.Tx whose Commit and
@@ -149,6 +166,21 @@ func (t pgTx) Rollback(ctx context.Context) error {
 // wanted: they share the outbox's consumer group, and one forwards at a
 // time. Leave cfg's ForwarderTopic and Marshaler unset: the outbox's
 // Options set both.
+//
+// The Forwarder reads the outbox table as soon as a transaction that
+// wrote to it commits: woken at once by this process's WithTx and
+// Handler, and by a Postgres notification for every other writer (the
+// trigger Migrate creates), which it hears on a connection of its own,
+// taken out of db when db is a *pgxpool.Pool (unless Options.NoListen).
+// It also reads every Options.PollInterval, which bounds the delay when a
+// notification is lost or its connection is being made again.
 func (p *Postgres) NewForwarder(out message.Publisher, logger watermill.LoggerAdapter, cfg forwarder.Config) (*forwarder.Forwarder, error) {
-	return p.outbox.NewForwarder(out, logger, cfg)
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	var l outbox.Listener
+	if pool, ok := p.conn.(acquirer); ok && p.listen && p.table != "" {
+		l = func(ctx context.Context, wake func()) { listen(ctx, pool, p.ch, wake, logger) }
+	}
+	return p.outbox.NewForwarder(out, logger, cfg, l)
 }

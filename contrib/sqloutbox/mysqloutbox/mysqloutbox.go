@@ -151,7 +151,7 @@ func New(db *sql.DB, store *mysqlstore.Store, opts Options) (*Outbox, error) {
 
 // Migrate creates the outbox table and the Forwarder's offsets table if
 // they do not exist. The store's own table is created by its Migrate.
-func (m *Outbox) Migrate(ctx context.Context) error { return m.outbox.Migrate(ctx) }
+func (m *Outbox) Migrate(ctx context.Context) error { return m.outbox.Migrate(ctx, nil, nil) }
 
 // Tx is the transaction a function given to [Outbox.WithTx] (or a
 // handler made by [Outbox.Handler]) runs in: a *sql.Tx whose Commit and
@@ -254,7 +254,7 @@ func (t sqlTx) Rollback(context.Context) error {
 // time. Leave cfg's ForwarderTopic and Marshaler unset: the outbox's
 // Options set both.
 func (m *Outbox) NewForwarder(out message.Publisher, logger watermill.LoggerAdapter, cfg forwarder.Config) (*forwarder.Forwarder, error) {
-	return m.outbox.NewForwarder(out, logger, cfg)
+	return m.outbox.NewForwarder(out, logger, cfg, nil)
 }
 
 // Prune deletes the outbox rows the Forwarder has marked forwarded

@@ -22,7 +22,7 @@ import (
 const DefaultTopic = "outbox"
 
 // DefaultPollInterval is what a zero Config.PollInterval means.
-const DefaultPollInterval = 100 * time.Millisecond
+const DefaultPollInterval = time.Second
 
 // The errors both outbox packages return (and export under the same
 // names).
@@ -100,8 +100,9 @@ func Publish(pub message.Publisher, topic string, msgs []*message.Message) error
 }
 
 // Migrate creates the outbox table and the Forwarder's offsets table if
-// they do not exist, in one transaction.
-func (o *Outbox) Migrate(ctx context.Context) error {
+// they do not exist, in one transaction, between the statements of before
+// and after.
+func (o *Outbox) Migrate(ctx context.Context, before, after []string) error {
 	qs, err := o.cfg.Schema.SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{Topic: o.cfg.Topic})
 	if err != nil {
 		return fmt.Errorf("sqloutbox: migrate: %w", err)
@@ -114,7 +115,9 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("sqloutbox: migrate: %w", err)
 	}
-	for _, q := range append(qs, oqs...) {
+	all := wrap(before)
+	all = append(append(append(all, qs...), oqs...), wrap(after)...)
+	for _, q := range all {
 		if _, err := tx.ExecContext(ctx, q.Query, q.Args...); err != nil {
 			return errors.Join(fmt.Errorf("sqloutbox: migrate: %w", err), tx.Rollback())
 		}
@@ -125,9 +128,19 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 	return nil
 }
 
+func wrap(qs []string) []wsql.Query {
+	out := make([]wsql.Query, len(qs))
+	for i, q := range qs {
+		out[i] = wsql.Query{Query: q}
+	}
+	return out
+}
+
 // NewForwarder makes the Forwarder that reads the outbox and publishes
-// each message to its destination topic through out.
-func (o *Outbox) NewForwarder(out message.Publisher, logger watermill.LoggerAdapter, cfg forwarder.Config) (*forwarder.Forwarder, error) {
+// each message to its destination topic through out. It is woken by this
+// process's commits to the outbox and, if listen is not nil, by what
+// listen hears; it reads every PollInterval otherwise.
+func (o *Outbox) NewForwarder(out message.Publisher, logger watermill.LoggerAdapter, cfg forwarder.Config, listen Listener) (*forwarder.Forwarder, error) {
 	if out == nil {
 		return nil, fmt.Errorf("%w: nil publisher", ErrInvalidOptions)
 	}
@@ -141,17 +154,26 @@ func (o *Outbox) NewForwarder(out message.Publisher, logger watermill.LoggerAdap
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	sub, err := wsql.NewSubscriber(o.db, wsql.SubscriberConfig{
+	w := newWaker(o.cfg.PollInterval)
+	inner, err := wsql.NewSubscriber(o.db, wsql.SubscriberConfig{
 		SchemaAdapter:  o.cfg.Schema,
 		OffsetsAdapter: o.cfg.Offsets,
 		PollInterval:   o.cfg.PollInterval,
+		BackoffManager: w,
 	}, logger)
 	if err != nil {
 		return nil, fmt.Errorf("sqloutbox: forwarder: %w", err)
 	}
+	sub := &wokenSubscriber{Subscriber: inner, topic: o.cfg.Topic, w: w, listen: listen}
 	f, err := forwarder.NewForwarder(sub, out, logger, cfg)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("sqloutbox: forwarder: %w", err), sub.Close())
 	}
 	return f, nil
 }
+
+// Topic is the outbox's topic.
+func (o *Outbox) Topic() string { return o.cfg.Topic }
+
+// Schema is the outbox table's schema adapter.
+func (o *Outbox) Schema() wsql.SchemaAdapter { return o.cfg.Schema }

@@ -54,10 +54,11 @@ func WithTx[T Tx](ctx context.Context, o *Outbox, begin func(context.Context) (T
 			err = errors.Join(err, fmt.Errorf("sqloutbox: rollback: %w", rerr))
 		}
 	}()
-	pub, err := o.Publisher(tx.Executor())
+	inner, err := o.Publisher(tx.Executor())
 	if err != nil {
 		return err
 	}
+	pub := &wrote{Publisher: inner}
 	if err := fn(tx, pub); err != nil {
 		return err
 	}
@@ -73,5 +74,20 @@ func WithTx[T Tx](ctx context.Context, o *Outbox, begin func(context.Context) (T
 		return fmt.Errorf("sqloutbox: commit: %w", err)
 	}
 	committed = true
+	if pub.any {
+		o.Wake()
+	}
 	return nil
+}
+
+// wrote is a publisher that remembers whether it wrote anything: a
+// transaction that wrote nothing to the outbox wakes no Forwarder.
+type wrote struct {
+	message.Publisher
+	any bool
+}
+
+func (w *wrote) Publish(topic string, msgs ...*message.Message) error {
+	w.any = w.any || len(msgs) > 0
+	return w.Publisher.Publish(topic, msgs...)
 }
