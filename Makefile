@@ -134,9 +134,9 @@ bench-wake: bin/testenv ## Time from a holder's completion to its waiting duplic
 	@$(BENCH_ENV) redis,postgres -- sh -c 'cd benchmarks && $(GO) run ./wakebench -redis "$$REDIS_ADDR" -pg "$$TEST_DATABASE_URL"' | tee $(BENCH_DIR)/wake.txt
 
 .PHONY: bench-outbox
-bench-outbox: bin/testenv ## The transactional outbox against the plain path: statements, throughput and latency per message (private Postgres and Redis, or TEST_DATABASE_URL, REDIS_ADDR)
+bench-outbox: bin/testenv ## The transactional outbox against the plain path: throughput and commit-to-broker latency, polled and woken, Postgres and MariaDB (private Postgres, MariaDB and Redis, or TEST_DATABASE_URL, MYSQL_DSN, REDIS_ADDR)
 	@mkdir -p $(BENCH_DIR)
-	@$(BENCH_ENV) redis,postgres -- sh -c 'cd benchmarks && $(GO) run ./outboxbench -url "$$TEST_DATABASE_URL" -redis "$$REDIS_ADDR"' | tee $(BENCH_DIR)/outbox.txt
+	@$(BENCH_ENV) redis,postgres,mariadb -- sh -c 'cd benchmarks && $(GO) run ./outboxbench -url "$$TEST_DATABASE_URL" -mysql "$$MYSQL_DSN" -redis "$$REDIS_ADDR"' | tee $(BENCH_DIR)/outbox.txt
 
 .PHONY: bench-state
 bench-state: bin/testenv ## What one collection of the store gauges costs: a Count of 10k and 100k records on each store, its time and server work (private Redis, Postgres, MariaDB, dynalite, or REDIS_ADDR, TEST_DATABASE_URL, MYSQL_DSN, DYNAMODB_ENDPOINT)

@@ -1,59 +1,147 @@
 // Command outboxbench measures what the transactional outbox
-// (contrib/sqloutbox) costs per message against the plain path, on
-// Postgres with Redis Streams as the broker, in one run:
+// (contrib/sqloutbox) costs per message against the plain path, and how
+// soon its outputs reach the broker after their commit, on Postgres and on
+// MariaDB with Redis Streams as the broker, in one run:
 //
 //   - plain: the handler writes its row and completes the key with its
-//     output in its own transaction (pgstore's CompleteTx); the output is
-//     then published to the broker, as the router does after the handler
-//     returns;
-//   - outbox: the handler writes its row and its output into the outbox
-//     table in its transaction (sqloutbox's Handler); a Forwarder publishes
-//     it to the broker.
+//     output in its own transaction (the store's CompleteTx); the output
+//     is then published to the broker, as the router does after the
+//     handler returns;
+//   - poll100: the handler writes its row and its output into the outbox
+//     table in its transaction (the outbox's Handler); watermill-sql's
+//     subscriber polling every 100 ms, under Watermill's Forwarder, moves
+//     it to the broker: the outbox as it was before its Forwarder could be
+//     woken (its table has no notification trigger);
+//   - woken: the same handler, and the outbox's own Forwarder, woken by the
+//     commit;
+//   - notified (Postgres): a writer that is not the outbox's Handler (a
+//     plain watermill-sql publisher on the transaction, as another
+//     service would write), so that only the Postgres notification wakes
+//     the Forwarder.
 //
-// For each: the statements sent to Postgres per message (counted by a pgx
-// tracer, the Forwarder's included), the throughput from 16 goroutines
-// until every output is on the broker, and one caller's latency from the
-// delivery to its output on the broker. Rounds of the two paths
-// interleave; medians are printed.
+// For each: the throughput of 16 goroutines until every output is on the
+// broker, the latency from each commit to its output read from the broker
+// under that load, the same latency for one caller at a time, and on
+// Postgres the statements sent per message (a pgx tracer, the
+// Forwarder's included). Rounds of the paths interleave; medians of the
+// throughput rounds and percentiles of all latencies are printed.
 //
-// The Forwarder polls the outbox table when it found nothing: the outbox
-// path runs with the default poll interval and again with 10 ms.
-//
-// Usage: go run ./outboxbench -url postgres://... -redis 127.0.0.1:6379
+// Usage: go run ./outboxbench -url postgres://... -mysql 'root@tcp(...)/test' -redis 127.0.0.1:6379
 package main
 
 import (
 	"context"
+	"database/sql"
 	"flag"
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
+	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox"
+	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox/mysqloutbox"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 var (
-	url       = flag.String("url", "", "Postgres URL")
+	pgURL     = flag.String("url", "", "Postgres URL")
+	mysqlDSN  = flag.String("mysql", "", "MySQL or MariaDB DSN (skipped if empty)")
 	redisAddr = flag.String("redis", "", "Redis address (the broker)")
 	messages  = flag.Int("n", 2000, "messages per throughput round")
 	rounds    = flag.Int("rounds", 3, "rounds of each path")
-	latencyN  = flag.Int("latency", 200, "messages per latency round")
+	latencyN  = flag.Int("latency", 100, "messages per one-at-a-time latency round")
 	workers   = flag.Int("workers", 16, "goroutines for throughput")
 )
+
+func main() {
+	flag.Parse()
+	if *pgURL == "" || *redisAddr == "" {
+		fmt.Fprintln(os.Stderr, "usage: outboxbench -url POSTGRES_URL [-mysql MYSQL_DSN] -redis REDIS_ADDR")
+		os.Exit(2)
+	}
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "outboxbench:", err)
+		os.Exit(1)
+	}
+}
+
+// path is one way to handle a message: handle runs the middleware and the
+// handler for msg, whose output goes to the broker's topic, and calls
+// committed right after its transaction commits; forward, if set, runs
+// what moves the outputs to the broker until its stop.
+type path struct {
+	name    string
+	handle  func(msg *message.Message, topic string, committed func()) error
+	forward func() (stop func(), err error)
+}
+
+// bench is what the paths of one database share.
+type bench struct {
+	ctx    context.Context
+	db     string
+	rdb    *redis.Client
+	pub    message.Publisher
+	prefix string
+	stmts  *atomic.Int64 // statements sent, if counted
+	paths  []path
+}
+
+func run() error {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, PoolSize: 64})
+	defer rdb.Close()
+	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: rdb}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	prefix := fmt.Sprintf("ob%d_", time.Now().UnixNano()%1e9)
+	defer func() {
+		keys, _ := rdb.Keys(context.Background(), prefix+"*").Result()
+		if len(keys) > 0 {
+			rdb.Del(context.Background(), keys...)
+		}
+	}()
+	fmt.Printf("outboxbench: %d rounds of each path, interleaved; %d messages from %d goroutines per throughput round; %d messages one at a time per latency round\n",
+		*rounds, *messages, *workers, *latencyN)
+	fmt.Printf("latency: from the commit of the handler's transaction to its output read from the broker; under load: in the throughput rounds\n")
+	pg, cleanup, err := postgresBench(ctx, rdb, pub, prefix+"pg_")
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	defer cleanup()
+	if err := pg.measure(); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if *mysqlDSN != "" {
+		my, cleanup, err := mysqlBench(ctx, rdb, pub, prefix+"my_")
+		if err != nil {
+			return fmt.Errorf("mariadb: %w", err)
+		}
+		defer cleanup()
+		if err := my.measure(); err != nil {
+			return fmt.Errorf("mariadb: %w", err)
+		}
+	}
+	return nil
+}
 
 // counter counts the statements a pool sends.
 type counter struct{ n atomic.Int64 }
@@ -64,217 +152,450 @@ func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQ
 }
 func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-type env struct {
-	ctx     context.Context
-	pool    *pgxpool.Pool
-	stmts   *counter
-	store   *pgstore.Store
-	outbox  *sqloutbox.Postgres // the Forwarder polls every DefaultPollInterval
-	fast    *sqloutbox.Postgres // the same outbox, its Forwarder polling every 10 ms
-	rdb     *redis.Client
-	pub     message.Publisher
-	prefix  string
-	charges string
-}
-
-func main() {
-	flag.Parse()
-	if *url == "" || *redisAddr == "" {
-		fmt.Fprintln(os.Stderr, "usage: outboxbench -url POSTGRES_URL -redis REDIS_ADDR")
-		os.Exit(2)
-	}
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "outboxbench:", err)
-		os.Exit(1)
-	}
-}
-
-func run() error {
-	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(*url)
+func idem(store backends.Store, ns string) *idempotency.Idempotency {
+	idem, err := idempotency.New(idempotency.Config{Store: store, Key: keyfunc.Metadata("order"), Namespace: ns})
 	if err != nil {
-		return err
-	}
-	stmts := &counter{}
-	cfg.ConnConfig.Tracer = stmts
-	cfg.MaxConns = 32
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	prefix := fmt.Sprintf("ob%d_", time.Now().UnixNano()%1e9)
-	e := &env{ctx: ctx, pool: pool, stmts: stmts, prefix: prefix, charges: prefix + "charges"}
-	if e.store, err = pgstore.New(pool, pgstore.Options{Table: prefix + "keys"}); err != nil {
-		return err
-	}
-	if err := e.store.Migrate(ctx); err != nil {
-		return err
-	}
-	if e.outbox, err = sqloutbox.NewPostgres(pool, e.store, sqloutbox.Options{Topic: prefix + "outbox"}); err != nil {
-		return err
-	}
-	if e.fast, err = sqloutbox.NewPostgres(pool, e.store, sqloutbox.Options{Topic: prefix + "outbox", PollInterval: 10 * time.Millisecond}); err != nil {
-		return err
-	}
-	if err := e.outbox.Migrate(ctx); err != nil {
-		return err
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+e.charges+` (order_id text NOT NULL, token bigint NOT NULL)`); err != nil {
-		return err
-	}
-	defer func() {
-		_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+e.charges+`, `+prefix+`keys, "watermill_`+prefix+`outbox", "watermill_offsets_`+prefix+`outbox"`)
-	}()
-	e.rdb = redis.NewClient(&redis.Options{Addr: *redisAddr, PoolSize: 64})
-	defer e.rdb.Close()
-	if e.pub, err = redisstream.NewPublisher(redisstream.PublisherConfig{Client: e.rdb}, watermill.NopLogger{}); err != nil {
-		return err
-	}
-	defer func() {
-		keys, _ := e.rdb.Keys(context.Background(), prefix+"*").Result()
-		if len(keys) > 0 {
-			e.rdb.Del(context.Background(), keys...)
-		}
-	}()
-
-	paths := []path{e.plain(), e.withOutbox("outbox", e.outbox), e.withOutbox("outbox10", e.fast)}
-	thr := map[string][]float64{}
-	lat := map[string][]time.Duration{}
-	per := map[string]float64{}
-	for r := range *rounds {
-		for _, p := range paths {
-			tp, spm, err := e.throughput(p, fmt.Sprintf("%s-t%d", p.name, r))
-			if err != nil {
-				return fmt.Errorf("%s: %w", p.name, err)
-			}
-			thr[p.name] = append(thr[p.name], tp)
-			per[p.name] = spm
-			ls, err := e.latency(p, fmt.Sprintf("%s-l%d", p.name, r))
-			if err != nil {
-				return fmt.Errorf("%s: %w", p.name, err)
-			}
-			lat[p.name] = append(lat[p.name], ls...)
-		}
-	}
-	fmt.Printf("outboxbench: %d rounds of each path, interleaved; %d messages from %d goroutines per throughput round; %d messages one at a time per latency round\n",
-		*rounds, *messages, *workers, *latencyN)
-	fmt.Printf("outbox: the Forwarder polls every %v (the default); outbox10: every 10 ms\n\n", sqloutbox.DefaultPollInterval)
-	fmt.Printf("%-8s %22s %22s %16s %16s\n", "path", "statements/message", "messages/s (median)", "latency p50", "latency p90")
-	for _, p := range paths {
-		fmt.Printf("%-8s %22.2f %22.0f %16v %16v\n", p.name, per[p.name], medianF(thr[p.name]),
-			pct(lat[p.name], 0.5).Round(10*time.Microsecond), pct(lat[p.name], 0.9).Round(10*time.Microsecond))
-	}
-	fmt.Println()
-	for _, name := range []string{"outbox", "outbox10"} {
-		fmt.Printf("%s/plain: statements %.2f×, throughput %.2f×, latency p50 %.2f×\n", name,
-			per[name]/per["plain"], medianF(thr[name])/medianF(thr["plain"]),
-			float64(pct(lat[name], 0.5))/float64(pct(lat["plain"], 0.5)))
-	}
-	return nil
-}
-
-// path is one way to handle a message: handle runs the middleware and
-// the handler for msg, whose output goes to topic; forwarder, if set,
-// moves outputs to the broker meanwhile.
-type path struct {
-	name   string
-	handle func(msg *message.Message, topic string) error
-	outbox *sqloutbox.Postgres // whose Forwarder runs meanwhile, if set
-}
-
-func (e *env) idem(ns string) *idempotency.Idempotency {
-	idem, err := idempotency.New(idempotency.Config{Store: e.store, Key: keyfunc.Metadata("order"), Namespace: ns})
-	if err != nil {
-		panic(err) // the configuration is fixed above
+		panic(err) // the configuration is fixed here
 	}
 	return idem
 }
 
+// receipt is msg's output; its UUID is msg's, which the reader of the
+// broker matches.
 func receipt(msg *message.Message) *message.Message {
-	return message.NewMessage("receipt-"+msg.UUID, []byte(`{"order_id":"`+msg.Metadata.Get("order")+`","amount_cents":1000}`))
+	return message.NewMessage(msg.UUID, []byte(`{"order_id":"`+msg.Metadata.Get("order")+`","amount_cents":1000}`))
 }
 
-func (e *env) plain() path {
-	idem := e.idem("plain")
-	return path{name: "plain", handle: func(msg *message.Message, topic string) error {
-		h := idem.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-			ctx := msg.Context()
-			lease, _ := idempotency.LeaseFromContext(ctx)
-			out := []*message.Message{receipt(msg)}
-			tx, err := e.pool.Begin(ctx)
-			if err != nil {
-				return nil, err
-			}
-			defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
-			if _, err := tx.Exec(ctx, `INSERT INTO `+e.charges+` VALUES ($1, $2)`, msg.Metadata.Get("order"), lease.Token); err != nil {
-				return nil, err
-			}
-			if err := e.store.CompleteTx(ctx, tx, lease, out); err != nil {
-				return nil, err
-			}
-			return out, tx.Commit(ctx)
-		})
-		out, err := h(msg)
-		if err != nil {
-			return err
+// commitKey carries, in a message's context, what to call when its
+// transaction has committed.
+type commitKey struct{}
+
+// outboxHandler is the woken and poll100 paths' handler: the outbox's
+// Handler made by handler, under the middleware; the Handler returns when
+// the transaction has committed.
+func outboxHandler(id *idempotency.Idempotency, handler func(topic func() string) message.NoPublishHandlerFunc) func(*message.Message, string, func()) error {
+	var topic atomic.Value // one per round
+	inner := handler(func() string { return topic.Load().(string) })
+	h := id.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		if err := inner(msg); err != nil {
+			return nil, err
 		}
-		// What the router does with the output.
-		return e.pub.Publish(topic, out...)
-	}}
-}
-
-func (e *env) withOutbox(name string, ob *sqloutbox.Postgres) path {
-	idem := e.idem(name)
-	var topic atomic.Value
-	h := idem.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		return nil, ob.Handler(func(tx *sqloutbox.PgxTx, msg *message.Message) error {
-			lease, _ := idempotency.LeaseFromContext(msg.Context())
-			if _, err := tx.Exec(msg.Context(), `INSERT INTO `+e.charges+` VALUES ($1, $2)`, msg.Metadata.Get("order"), lease.Token); err != nil {
-				return err
-			}
-			return tx.Publish(topic.Load().(string), receipt(msg))
-		})(msg)
+		msg.Context().Value(commitKey{}).(func())()
+		return nil, nil
 	})
-	return path{name: name, outbox: ob, handle: func(msg *message.Message, t string) error {
+	return func(msg *message.Message, t string, committed func()) error {
 		topic.Store(t)
+		msg.SetContext(context.WithValue(msg.Context(), commitKey{}, committed))
 		_, err := h(msg)
 		return err
-	}}
+	}
 }
 
-// startForwarder runs ob's Forwarder until the returned stop.
-func (e *env) startForwarder(ob *sqloutbox.Postgres) (func(), error) {
-	fwd, err := ob.NewForwarder(e.pub, nil, forwarder.Config{})
-	if err != nil {
-		return nil, err
+// wmForwarder is the Forwarder as it was before it could be woken:
+// watermill-sql's subscriber polling every 100 ms, under Watermill's
+// Forwarder.
+func (b *bench) wmForwarder(db wsql.Beginner, cfg wsql.SubscriberConfig, topic string) func() (func(), error) {
+	return func() (func(), error) {
+		cfg.PollInterval = 100 * time.Millisecond
+		sub, err := wsql.NewSubscriber(db, cfg, nil)
+		if err != nil {
+			return nil, err
+		}
+		fwd, err := forwarder.NewForwarder(sub, b.pub, watermill.NopLogger{}, forwarder.Config{ForwarderTopic: topic})
+		if err != nil {
+			return nil, err
+		}
+		return b.runForwarder(fwd)
 	}
-	ctx, cancel := context.WithCancel(e.ctx)
+}
+
+func (b *bench) runForwarder(fwd *forwarder.Forwarder) (func(), error) {
+	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = fwd.Run(ctx) }()
 	<-fwd.Running()
 	return func() { cancel(); _ = fwd.Close(); <-done }, nil
 }
 
+func postgresBench(ctx context.Context, rdb *redis.Client, pub message.Publisher, prefix string) (*bench, func(), error) {
+	cfg, err := pgxpool.ParseConfig(*pgURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	stmts := &counter{}
+	cfg.ConnConfig.Tracer = stmts
+	cfg.MaxConns = 32
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	charges := prefix + "charges"
+	cleanup := func() {
+		_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+charges+`, `+prefix+`keys`)
+		for _, t := range []string{"poll", "woken", "other"} {
+			_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS "watermill_`+prefix+t+`", "watermill_offsets_`+prefix+t+`"`)
+		}
+		pool.Close()
+	}
+	fail := func(err error) (*bench, func(), error) { cleanup(); return nil, nil, err }
+	store, err := pgstore.New(pool, pgstore.Options{Table: prefix + "keys"})
+	if err != nil {
+		return fail(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return fail(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+charges+` (order_id text NOT NULL, token bigint NOT NULL)`); err != nil {
+		return fail(err)
+	}
+	outboxes := map[string]*sqloutbox.Postgres{}
+	for _, t := range []string{"poll", "woken", "other"} {
+		ob, err := sqloutbox.NewPostgres(pool, store, sqloutbox.Options{Topic: prefix + t})
+		if err != nil {
+			return fail(err)
+		}
+		if err := ob.Migrate(ctx); err != nil {
+			return fail(err)
+		}
+		outboxes[t] = ob
+	}
+	// The table of the outbox as it was: no notification trigger.
+	if _, err := pool.Exec(ctx, `DROP TRIGGER sqloutbox_notify ON "watermill_`+prefix+`poll"`); err != nil {
+		return fail(err)
+	}
+	b := &bench{ctx: ctx, db: "Postgres", rdb: rdb, pub: pub, prefix: prefix, stmts: &stmts.n}
+	write := func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		lease, _ := idempotency.LeaseFromContext(ctx)
+		_, err := tx.Exec(ctx, `INSERT INTO `+charges+` VALUES ($1, $2)`, msg.Metadata.Get("order"), lease.Token)
+		return err
+	}
+	viaOutbox := func(ob *sqloutbox.Postgres) func(topic func() string) message.NoPublishHandlerFunc {
+		return func(topic func() string) message.NoPublishHandlerFunc {
+			return ob.Handler(func(tx *sqloutbox.PgxTx, msg *message.Message) error {
+				if err := write(msg.Context(), tx.Tx, msg); err != nil {
+					return err
+				}
+				return tx.Publish(topic(), receipt(msg))
+			})
+		}
+	}
+	plainIdem, otherIdem := idem(store, "plain"), idem(store, "other")
+	b.paths = []path{
+		{name: "plain", handle: func(msg *message.Message, topic string, committed func()) error {
+			out, err := plainIdem.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				ctx := msg.Context()
+				lease, _ := idempotency.LeaseFromContext(ctx)
+				out := []*message.Message{receipt(msg)}
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					return nil, err
+				}
+				defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
+				if err := write(ctx, tx, msg); err != nil {
+					return nil, err
+				}
+				if err := store.CompleteTx(ctx, tx, lease, out); err != nil {
+					return nil, err
+				}
+				if err := tx.Commit(ctx); err != nil {
+					return nil, err
+				}
+				committed()
+				return out, nil
+			})(msg)
+			if err != nil {
+				return err
+			}
+			return pub.Publish(topic, out...) // what the router does with the output
+		}},
+		{
+			name:    "poll100",
+			handle:  outboxHandler(idem(store, "poll"), viaOutbox(outboxes["poll"])),
+			forward: b.wmForwarder(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}, OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{}}, prefix+"poll"),
+		},
+		{
+			name:    "woken",
+			handle:  outboxHandler(idem(store, "woken"), viaOutbox(outboxes["woken"])),
+			forward: b.forwarder(outboxes["woken"].NewForwarder),
+		},
+		{
+			// Another writer: watermill-sql's publisher on the
+			// transaction, in the Forwarder's envelope, and the key
+			// completed in it; nothing wakes the Forwarder in process.
+			name: "notified",
+			handle: func(msg *message.Message, topic string, committed func()) error {
+				_, err := otherIdem.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+					ctx := msg.Context()
+					lease, _ := idempotency.LeaseFromContext(ctx)
+					tx, err := pool.Begin(ctx)
+					if err != nil {
+						return nil, err
+					}
+					defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
+					if err := write(ctx, tx, msg); err != nil {
+						return nil, err
+					}
+					wp, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, nil)
+					if err != nil {
+						return nil, err
+					}
+					fp := forwarder.NewPublisher(wp, forwarder.PublisherConfig{ForwarderTopic: prefix + "other"})
+					if err := fp.Publish(topic, receipt(msg)); err != nil {
+						return nil, err
+					}
+					if err := store.CompleteTx(ctx, tx, lease, nil); err != nil {
+						return nil, err
+					}
+					if err := tx.Commit(ctx); err != nil {
+						return nil, err
+					}
+					committed()
+					return nil, nil
+				})(msg)
+				return err
+			},
+			forward: b.forwarder(outboxes["other"].NewForwarder),
+		},
+	}
+	return b, cleanup, nil
+}
+
+func mysqlBench(ctx context.Context, rdb *redis.Client, pub message.Publisher, prefix string) (*bench, func(), error) {
+	db, err := sql.Open("mysql", *mysqlDSN)
+	if err != nil {
+		return nil, nil, err
+	}
+	db.SetMaxOpenConns(32)
+	db.SetMaxIdleConns(32)
+	charges := prefix + "charges"
+	cleanup := func() {
+		_, _ = db.Exec(`DROP TABLE IF EXISTS ` + charges + `, ` + prefix + `keys, watermill_` + prefix + `poll, watermill_` + prefix + `woken`)
+		_ = db.Close()
+	}
+	fail := func(err error) (*bench, func(), error) { cleanup(); return nil, nil, err }
+	store, err := mysqlstore.New(db, mysqlstore.Options{Table: prefix + "keys"})
+	if err != nil {
+		return fail(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return fail(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE `+charges+` (order_id varchar(64) NOT NULL, token bigint NOT NULL)`); err != nil {
+		return fail(err)
+	}
+	outboxes := map[string]*mysqloutbox.Outbox{}
+	for _, t := range []string{"poll", "woken"} {
+		ob, err := mysqloutbox.New(db, store, mysqloutbox.Options{Topic: prefix + t})
+		if err != nil {
+			return fail(err)
+		}
+		if err := ob.Migrate(ctx); err != nil {
+			return fail(err)
+		}
+		outboxes[t] = ob
+	}
+	b := &bench{ctx: ctx, db: "MariaDB", rdb: rdb, pub: pub, prefix: prefix}
+	write := func(ctx context.Context, tx interface {
+		ExecContext(context.Context, string, ...any) (sql.Result, error)
+	}, msg *message.Message) error {
+		lease, _ := idempotency.LeaseFromContext(ctx)
+		_, err := tx.ExecContext(ctx, `INSERT INTO `+charges+` VALUES (?, ?)`, msg.Metadata.Get("order"), lease.Token)
+		return err
+	}
+	viaOutbox := func(ob *mysqloutbox.Outbox) func(topic func() string) message.NoPublishHandlerFunc {
+		return func(topic func() string) message.NoPublishHandlerFunc {
+			return ob.Handler(func(tx *mysqloutbox.Tx, msg *message.Message) error {
+				if err := write(msg.Context(), tx.Tx, msg); err != nil {
+					return err
+				}
+				return tx.Publish(topic(), receipt(msg))
+			})
+		}
+	}
+	plainIdem := idem(store, "plain")
+	b.paths = []path{
+		{name: "plain", handle: func(msg *message.Message, topic string, committed func()) error {
+			out, err := plainIdem.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				ctx := msg.Context()
+				lease, _ := idempotency.LeaseFromContext(ctx)
+				out := []*message.Message{receipt(msg)}
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					return nil, err
+				}
+				defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+				if err := write(ctx, tx, msg); err != nil {
+					return nil, err
+				}
+				if err := store.CompleteTx(ctx, tx, lease, out); err != nil {
+					return nil, err
+				}
+				if err := tx.Commit(); err != nil {
+					return nil, err
+				}
+				committed()
+				return out, nil
+			})(msg)
+			if err != nil {
+				return err
+			}
+			return pub.Publish(topic, out...)
+		}},
+		{
+			name:   "poll100",
+			handle: outboxHandler(idem(store, "poll"), viaOutbox(outboxes["poll"])),
+			forward: b.wmForwarder(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
+				SchemaAdapter: wsql.MySQLQueueSchema{SubscribeBatchSize: 1}, OffsetsAdapter: wsql.MySQLQueueOffsetsAdapter{},
+			}, prefix+"poll"),
+		},
+		{
+			name:    "woken",
+			handle:  outboxHandler(idem(store, "woken"), viaOutbox(outboxes["woken"])),
+			forward: b.forwarder(outboxes["woken"].NewForwarder),
+		},
+	}
+	return b, cleanup, nil
+}
+
+// forwarder runs the outbox's own Forwarder, made by newForwarder.
+func (b *bench) forwarder(newForwarder func(message.Publisher, watermill.LoggerAdapter, forwarder.Config) (*forwarder.Forwarder, error)) func() (func(), error) {
+	return func() (func(), error) {
+		fwd, err := newForwarder(b.pub, nil, forwarder.Config{})
+		if err != nil {
+			return nil, err
+		}
+		return b.runForwarder(fwd)
+	}
+}
+
+// measure runs the rounds of every path and prints them.
+func (b *bench) measure() error {
+	thr := map[string][]float64{}
+	loaded := map[string][]time.Duration{}
+	alone := map[string][]time.Duration{}
+	per := map[string][]float64{}
+	for r := range *rounds {
+		for _, p := range b.paths {
+			tp, spm, lat, err := b.throughput(p, fmt.Sprintf("%s-t%d", p.name, r))
+			if err != nil {
+				return fmt.Errorf("%s: %w", p.name, err)
+			}
+			thr[p.name] = append(thr[p.name], tp)
+			per[p.name] = append(per[p.name], spm)
+			loaded[p.name] = append(loaded[p.name], lat...)
+			ls, err := b.latency(p, fmt.Sprintf("%s-l%d", p.name, r))
+			if err != nil {
+				return fmt.Errorf("%s: %w", p.name, err)
+			}
+			alone[p.name] = append(alone[p.name], ls...)
+		}
+	}
+	fmt.Printf("\n%s\n", b.db)
+	stmts := ""
+	if b.stmts != nil {
+		stmts = "statements/msg"
+	}
+	fmt.Printf("%-9s %14s %12s %9s   %-28s %-28s\n", "path", stmts, "messages/s", "× plain", "latency under load p50/p90/p99", "latency alone p50/p90/p99")
+	plain := medianF(thr["plain"])
+	for _, p := range b.paths {
+		s := ""
+		if b.stmts != nil {
+			s = fmt.Sprintf("%.2f", medianF(per[p.name]))
+		}
+		fmt.Printf("%-9s %14s %12.0f %8.2f×   %-28s %-28s\n", p.name, s, medianF(thr[p.name]), medianF(thr[p.name])/plain,
+			pcts(loaded[p.name]), pcts(alone[p.name]))
+	}
+	fmt.Printf("throughput rounds (messages/s): ")
+	for _, p := range b.paths {
+		fmt.Printf("%s %s; ", p.name, joinF(thr[p.name]))
+	}
+	fmt.Println()
+	return nil
+}
+
+func pcts(v []time.Duration) string {
+	return fmt.Sprintf("%v / %v / %v", ms(pct(v, 0.5)), ms(pct(v, 0.9)), ms(pct(v, 0.99)))
+}
+
+func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 2, 64) + " ms" }
+
+func joinF(v []float64) string {
+	s := make([]string, len(v))
+	for i, f := range v {
+		s[i] = strconv.FormatFloat(f, 'f', 0, 64)
+	}
+	return strings.Join(s, ", ")
+}
+
+// arrivals reads topic on the broker and records when each output
+// (numbered by its UUID, round-i) arrives; each arrival's number is sent
+// on seen if it is not nil.
+type arrivals struct {
+	at   []atomic.Int64 // unix nanoseconds
+	seen chan int
+	n    atomic.Int64
+}
+
+func (b *bench) read(ctx context.Context, topic string, n int, seen chan int) (*arrivals, <-chan error) {
+	a := &arrivals{at: make([]atomic.Int64, n), seen: seen}
+	errc := make(chan error, 1)
+	go func() {
+		last := "0"
+		for int(a.n.Load()) < n {
+			res, err := b.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{topic, last}, Count: 500, Block: 30 * time.Second}).Result()
+			if err != nil {
+				errc <- fmt.Errorf("reading the broker: %w", err)
+				return
+			}
+			now := time.Now().UnixNano()
+			for _, m := range res[0].Messages {
+				last = m.ID
+				id, _ := m.Values[redisstream.UUIDHeaderKey].(string)
+				i, err := strconv.Atoi(id[strings.LastIndexByte(id, '-')+1:])
+				if err != nil || i >= n {
+					errc <- fmt.Errorf("unexpected output %q", id)
+					return
+				}
+				if a.at[i].CompareAndSwap(0, now) {
+					a.n.Add(1)
+					if seen != nil {
+						seen <- i
+					}
+				}
+			}
+		}
+		errc <- nil
+	}()
+	return a, errc
+}
+
 func newMsg(round string, i int) *message.Message {
-	msg := message.NewMessage(watermill.NewUUID(), nil)
+	msg := message.NewMessage(fmt.Sprintf("%s-%d", round, i), nil)
 	msg.Metadata.Set("order", fmt.Sprintf("%s-%d", round, i))
 	return msg
 }
 
-// throughput handles *messages fresh messages from *workers goroutines
-// and returns messages per second until every output is on the broker,
-// and the statements sent per message.
-func (e *env) throughput(p path, round string) (float64, float64, error) {
-	topic := e.prefix + round
-	if p.outbox != nil {
-		stop, err := e.startForwarder(p.outbox)
+// throughput handles *messages fresh messages from *workers goroutines and
+// returns messages per second until every output is on the broker, the
+// statements sent per message, and each message's latency from its
+// commit to its output on the broker.
+func (b *bench) throughput(p path, round string) (float64, float64, []time.Duration, error) {
+	topic := b.prefix + round
+	if p.forward != nil {
+		stop, err := p.forward()
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, nil, err
 		}
 		defer stop()
 	}
-	before := e.stmts.n.Load()
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Minute)
+	defer cancel()
+	arr, done := b.read(ctx, topic, *messages, nil)
+	committed := make([]int64, *messages)
+	var before int64
+	if b.stmts != nil {
+		before = b.stmts.Load()
+	}
 	var next atomic.Int64
 	var firstErr error
 	var once sync.Once
@@ -283,11 +604,11 @@ func (e *env) throughput(p path, round string) (float64, float64, error) {
 	for range *workers {
 		wg.Go(func() {
 			for {
-				i := int(next.Add(1))
-				if i > *messages {
+				i := int(next.Add(1)) - 1
+				if i >= *messages {
 					return
 				}
-				if err := p.handle(newMsg(round, i), topic); err != nil {
+				if err := p.handle(newMsg(round, i), topic, func() { committed[i] = time.Now().UnixNano() }); err != nil {
 					once.Do(func() { firstErr = err })
 					return
 				}
@@ -296,46 +617,67 @@ func (e *env) throughput(p path, round string) (float64, float64, error) {
 	}
 	wg.Wait()
 	if firstErr != nil {
-		return 0, 0, firstErr
+		return 0, 0, nil, firstErr
 	}
-	for e.rdb.XLen(e.ctx, topic).Val() < int64(*messages) {
-		if time.Since(start) > 5*time.Minute {
-			return 0, 0, fmt.Errorf("outputs not on the broker after 5 minutes")
-		}
-		time.Sleep(time.Millisecond)
+	if err := <-done; err != nil {
+		return 0, 0, nil, err
 	}
-	elapsed := time.Since(start)
-	// The Forwarder's statements are counted until its last offset is
-	// stored; its idle polls after that are not.
-	time.Sleep(50 * time.Millisecond)
-	spm := float64(e.stmts.n.Load()-before) / float64(*messages)
-	return float64(*messages) / elapsed.Seconds(), spm, nil
+	var lastArrival int64
+	lat := make([]time.Duration, *messages)
+	for i := range lat {
+		at := arr.at[i].Load()
+		lastArrival = max(lastArrival, at)
+		lat[i] = time.Duration(at - committed[i])
+	}
+	elapsed := time.Duration(lastArrival - start.UnixNano())
+	var spm float64
+	if b.stmts != nil {
+		// The Forwarder's statements are counted until its last offset
+		// is stored; its idle reads after that are not.
+		time.Sleep(50 * time.Millisecond)
+		spm = float64(b.stmts.Load()-before) / float64(*messages)
+	}
+	return float64(*messages) / elapsed.Seconds(), spm, lat, nil
 }
 
-// latency handles *latencyN messages one at a time, each from its delivery
+// latency handles *latencyN messages one at a time, each from its commit
 // to its output read from the broker.
-func (e *env) latency(p path, round string) ([]time.Duration, error) {
-	topic := e.prefix + round
-	if p.outbox != nil {
-		stop, err := e.startForwarder(p.outbox)
+func (b *bench) latency(p path, round string) ([]time.Duration, error) {
+	topic := b.prefix + round
+	if p.forward != nil {
+		stop, err := p.forward()
 		if err != nil {
 			return nil, err
 		}
 		defer stop()
 	}
-	last := "0"
-	var out []time.Duration
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Minute)
+	defer cancel()
+	seen := make(chan int, *latencyN)
+	arr, done := b.read(ctx, topic, *latencyN, seen)
+	out := make([]time.Duration, 0, *latencyN)
 	for i := range *latencyN {
-		start := time.Now()
-		if err := p.handle(newMsg(round, i), topic); err != nil {
+		var committed int64
+		if err := p.handle(newMsg(round, i), topic, func() { committed = time.Now().UnixNano() }); err != nil {
 			return nil, err
 		}
-		res, err := e.rdb.XRead(e.ctx, &redis.XReadArgs{Streams: []string{topic, last}, Count: 1, Block: 10 * time.Second}).Result()
-		if err != nil {
-			return nil, fmt.Errorf("reading the output: %w", err)
+		var j int
+		select {
+		case j = <-seen:
+		case err := <-done:
+			if err != nil {
+				return nil, err
+			}
+			done = nil // it read every output; the last is in seen
+			j = <-seen
 		}
-		out = append(out, time.Since(start))
-		last = res[0].Messages[0].ID
+		if j != i {
+			return nil, fmt.Errorf("output %d arrived while waiting for %d", j, i)
+		}
+		out = append(out, time.Duration(arr.at[i].Load()-committed))
+	}
+	if done != nil {
+		return out, <-done
 	}
 	return out, nil
 }

@@ -72,6 +72,14 @@ const (
 	maxListenRetry = 10 * time.Second
 )
 
+// A listening connection silent for listenIdle is pinged, and dropped if
+// the ping takes longer than listenPing: a connection cut without a word
+// (a dead peer, a firewall) would otherwise never fail.
+const (
+	listenIdle = 15 * time.Second
+	listenPing = 5 * time.Second
+)
+
 // listen keeps a connection taken out of pool listening on ch until ctx
 // ends, and calls wake for each notification and after each connection:
 // rows may have been committed while nobody listened. When the connection
@@ -113,14 +121,31 @@ func listenOnce(ctx context.Context, pool acquirer, ch string, wake func()) (hea
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+	stmt := "LISTEN " + pgx.Identifier{ch}.Sanitize()
+	if _, err := conn.Exec(ctx, stmt); err != nil {
 		return false, fmt.Errorf("LISTEN: %w", err)
 	}
 	wake()
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		wait, cancel := context.WithTimeout(ctx, listenIdle)
+		_, err := conn.WaitForNotification(wait)
+		idle := wait.Err() != nil
+		cancel()
+		switch {
+		case err == nil:
+			wake()
+		case ctx.Err() != nil:
+			return true, ctx.Err()
+		case idle && !conn.IsClosed():
+			// pg_stat_activity shows the ping as the LISTEN it keeps.
+			ping, cancel := context.WithTimeout(ctx, listenPing)
+			_, err := conn.Exec(ping, "-- "+stmt)
+			cancel()
+			if err != nil {
+				return true, fmt.Errorf("ping: %w", err)
+			}
+		default:
 			return true, err
 		}
-		wake()
 	}
 }

@@ -180,7 +180,7 @@ func runWorker(ctx context.Context, e stormEnv) error {
 		if err != nil {
 			return err
 		}
-		ob, err := sqloutbox.NewPostgres(pool, s, sqloutbox.Options{Topic: e.Topic, PollInterval: 20 * time.Millisecond})
+		ob, err := sqloutbox.NewPostgres(pool, s, sqloutbox.Options{Topic: e.Topic})
 		if err != nil {
 			return err
 		}
@@ -211,7 +211,7 @@ func runWorker(ctx context.Context, e stormEnv) error {
 		if err != nil {
 			return err
 		}
-		ob, err := mysqloutbox.New(db, s, mysqloutbox.Options{Topic: e.Topic, PollInterval: 20 * time.Millisecond})
+		ob, err := mysqloutbox.New(db, s, mysqloutbox.Options{Topic: e.Topic})
 		if err != nil {
 			return err
 		}

@@ -62,8 +62,14 @@ import (
 // watermill-sql topic the handlers write to and the Forwarder reads.
 const DefaultTopic = outbox.DefaultTopic
 
-// DefaultPollInterval is what [Options.PollInterval] defaults to.
+// DefaultPollInterval is what [Options.PollInterval] defaults to: the
+// Forwarder is woken by this process's commits, and polls for other
+// processes' rows.
 const DefaultPollInterval = outbox.DefaultPollInterval
+
+// DefaultBatchSize is the number of rows the Forwarder reads per
+// transaction with the default Options.Schema.
+const DefaultBatchSize = 100
 
 // DefaultPruneBatch is the number of rows Prune deletes per statement when
 // given none.
@@ -101,14 +107,17 @@ type Options struct {
 	Topic string
 	// Schema is the watermill-sql schema adapter of the outbox table; the
 	// Forwarder's subscriber uses the same. Defaults to MySQLQueueSchema
-	// reading one row at a time. Not DefaultMySQLSchema: it reads rows
-	// past the last forwarded AUTO_INCREMENT offset, and a transaction
-	// that took a lower offset but commits after a higher one has been
-	// forwarded is skipped, its messages never forwarded (the storm test
-	// saw it). Not MySQLQueueSchema with a batch of more than one row:
-	// when the Forwarder stops or its publish times out mid-batch,
-	// watermill-sql v4.1.2 marks every row of the batch forwarded, the
-	// unsent ones too.
+	// reading DefaultBatchSize rows per transaction. Not
+	// DefaultMySQLSchema: it reads rows past the last forwarded
+	// AUTO_INCREMENT offset, and a transaction that took a lower offset
+	// but commits after a higher one has been forwarded is skipped, its
+	// messages never forwarded (the storm test saw it).
+	//
+	// With MySQLQueueSchema and MySQLQueueOffsetsAdapter the Forwarder
+	// differs from watermill-sql's subscriber in two ways (docs/outbox.md):
+	// it reads at READ COMMITTED, so that writers do not wait for its
+	// batch, and a batch cut short marks forwarded only the rows it
+	// forwarded (watermill-sql v4.1.2 marks the whole batch).
 	Schema wsql.SchemaAdapter
 	// Offsets is the watermill-sql offsets adapter of the Forwarder's
 	// subscriber. Defaults to MySQLQueueOffsetsAdapter (forwarded rows are
@@ -118,9 +127,10 @@ type Options struct {
 	// destination topic. Defaults to the Forwarder's DefaultMarshaler
 	// (JSON).
 	Marshaler forwarder.Marshaler
-	// PollInterval is how long the Forwarder's subscriber waits before it
-	// looks again when it found no new row. Defaults to
-	// DefaultPollInterval.
+	// PollInterval is how long the Forwarder waits, when it found no new
+	// row, before it reads the table again unless a commit of this
+	// process to the outbox wakes it: rows that other processes commit
+	// are found within it. Defaults to DefaultPollInterval.
 	PollInterval time.Duration
 }
 
@@ -142,7 +152,7 @@ func New(db *sql.DB, store *mysqlstore.Store, opts Options) (*Outbox, error) {
 	}
 	cfg := outbox.Config{Topic: opts.Topic, Schema: opts.Schema, Offsets: opts.Offsets, Marshaler: opts.Marshaler, PollInterval: opts.PollInterval}
 	// Not DefaultMySQLSchema: see Options.Schema.
-	o, err := outbox.New(wsql.BeginnerFromStdSQL(db), cfg, wsql.MySQLQueueSchema{SubscribeBatchSize: 1}, wsql.MySQLQueueOffsetsAdapter{})
+	o, err := outbox.New(wsql.BeginnerFromStdSQL(db), cfg, wsql.MySQLQueueSchema{SubscribeBatchSize: DefaultBatchSize}, wsql.MySQLQueueOffsetsAdapter{})
 	if err != nil {
 		return nil, err
 	}
@@ -253,6 +263,12 @@ func (t sqlTx) Rollback(context.Context) error {
 // wanted: they share the outbox's consumer group, and one forwards at a
 // time. Leave cfg's ForwarderTopic and Marshaler unset: the outbox's
 // Options set both.
+//
+// The Forwarder reads the outbox table as soon as a WithTx or Handler of
+// this process commits rows to it (every Forwarder of the outbox's topic
+// in the process is woken), and every Options.PollInterval otherwise:
+// MySQL has no notification a transaction can send at its commit, so rows
+// that other processes commit are found within the poll interval.
 func (m *Outbox) NewForwarder(out message.Publisher, logger watermill.LoggerAdapter, cfg forwarder.Config) (*forwarder.Forwarder, error) {
 	return m.outbox.NewForwarder(out, logger, cfg, nil)
 }

@@ -155,9 +155,10 @@ func (o *Outbox) NewForwarder(out message.Publisher, logger watermill.LoggerAdap
 		logger = watermill.NopLogger{}
 	}
 	w := newWaker(o.cfg.PollInterval)
+	schema, offsets := forwarderAdapters(o.cfg.Schema, o.cfg.Offsets)
 	inner, err := wsql.NewSubscriber(o.db, wsql.SubscriberConfig{
-		SchemaAdapter:  o.cfg.Schema,
-		OffsetsAdapter: o.cfg.Offsets,
+		SchemaAdapter:  schema,
+		OffsetsAdapter: offsets,
 		PollInterval:   o.cfg.PollInterval,
 		BackoffManager: w,
 	}, logger)

@@ -21,13 +21,18 @@ import (
 // stays watermill-sql's.
 //
 // After a read that found rows, or after a wake, the next empty reads are
-// retried after 1 ms, 2 ms, 4 ms ... up to the poll interval: on Postgres a
-// row committed is read only once every transaction older than its own has
-// ended (watermill-sql reads below the snapshot's xmin), and such a
-// transaction may end without a wake.
+// retried after 1 ms, 2 ms, 4 ms ... 64 ms (127 ms in all), then every
+// poll interval: on Postgres a row committed is read only once every
+// transaction older than its own has ended (watermill-sql reads below the
+// snapshot's xmin), and such a transaction, short as a rule, may end
+// without a wake.
 
-// firstRetry is the first of the quick retries after activity.
-const firstRetry = time.Millisecond
+// firstRetry and lastRetry are the first and the last of the quick
+// retries after activity.
+const (
+	firstRetry = time.Millisecond
+	lastRetry  = 64 * time.Millisecond
+)
 
 // waker is the BackoffManager of one Forwarder's subscription.
 type waker struct {
@@ -76,7 +81,7 @@ func (w *waker) HandleError(logger watermill.LoggerAdapter, noMsg bool, err erro
 		return 0
 	}
 	wait := w.poll
-	if w.retry > 0 && w.retry < w.poll {
+	if w.retry > 0 && w.retry <= lastRetry && w.retry < w.poll {
 		wait = w.retry
 		w.retry *= 2
 	} else {
