@@ -58,8 +58,9 @@ func TestDeadlineCtxDoneClosesAtDeadline(t *testing.T) {
 }
 
 func TestDeadlineCtxStopAndChildren(t *testing.T) {
-	c := withDeadline(context.WithValue(context.Background(), leaseCtxKey{}, "v"), time.Hour)
-	require.Equal(t, "v", c.Value(leaseCtxKey{}), "values come from the parent")
+	type key struct{}
+	c := withDeadline(context.WithValue(context.Background(), key{}, "v"), time.Hour)
+	require.Equal(t, "v", c.Value(key{}), "values come from the parent")
 	child, cancel := context.WithCancel(c)
 	cancel()
 	require.ErrorIs(t, child.Err(), context.Canceled)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"github.com/ThreeDotsLabs/watermill"
 	"math"
 	"strings"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/memstore"
+	"github.com/watermill-idempotency/idempotency/internal/leasectx"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	"github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -639,4 +641,59 @@ func TestHandlerCompletedKeyIsNotALostLease(t *testing.T) {
 	require.Len(t, events, 1)
 	require.Equal(t, middleware.OutcomeProcessed, events[0].Outcome)
 	require.True(t, events[0].CompletedByHandler)
+}
+
+// callCounting is memstore counting the calls that settle a key.
+type callCounting struct {
+	*memstore.Store
+	completes, inspects atomic.Int64
+}
+
+func (s *callCounting) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
+	s.completes.Add(1)
+	return s.Store.Complete(ctx, lease, output)
+}
+
+func (s *callCounting) Inspect(ctx context.Context, key string) (backends.Record, error) {
+	s.inspects.Add(1)
+	return s.Store.Inspect(ctx, key)
+}
+
+// Work that completed its key in a transaction that committed, and says
+// so (contrib/sqloutbox's WithTx), costs the door no store call after it:
+// without the mark, the door's Complete fails and an Inspect confirms
+// the key completed by this lease.
+func TestWorkMarkedCompletedSettlesWithoutTheStore(t *testing.T) {
+	for _, mark := range []bool{true, false} {
+		t.Run(fmt.Sprintf("marked=%v", mark), func(t *testing.T) {
+			store := &callCounting{Store: newMemstore()}
+			var events []middleware.Event
+			m, _ := newMiddleware(t, store, func(c *middleware.Config) {
+				c.Observer = middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) { events = append(events, ev) })
+			})
+			_, err := m.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				lease, _ := middleware.LeaseFromContext(msg.Context())
+				require.NoError(t, store.Store.Complete(context.Background(), lease, nil)) // its transaction's
+				if mark {
+					h, ok := leasectx.From(msg.Context())
+					require.True(t, ok)
+					h.MarkCompleted()
+				}
+				return nil, nil
+			})(newMsg("k", "x"))
+			require.NoError(t, err)
+			require.Len(t, events, 1)
+			require.Equal(t, middleware.OutcomeProcessed, events[0].Outcome)
+			require.True(t, events[0].CompletedByHandler)
+			calls := store.completes.Load() + store.inspects.Load()
+			if mark {
+				require.Zero(t, calls, "store calls after the work")
+			} else {
+				require.Equal(t, int64(2), calls, "the door's Complete and Inspect")
+			}
+			rec, err := store.Inspect(context.Background(), "test:k")
+			require.NoError(t, err)
+			require.Equal(t, backends.StateCompleted, rec.State)
+		})
+	}
 }

@@ -7,15 +7,8 @@ import (
 	"time"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/internal/leasectx"
 )
-
-type leaseCtxKey struct{}
-
-// held is what the context of work under a lease carries.
-type held struct {
-	lease backends.Lease
-	w     work
-}
 
 // LeaseFromContext returns the lease the work runs under: inside a
 // Watermill handler, call it with msg.Context(); inside a function given
@@ -23,8 +16,11 @@ type held struct {
 // is given. Pass Lease.Token to the systems the work writes to, so they
 // can reject writes from a holder whose lease was taken over (fencing).
 func LeaseFromContext(ctx context.Context) (backends.Lease, bool) {
-	h, ok := ctx.Value(leaseCtxKey{}).(held)
-	return h.lease, ok
+	h, ok := leasectx.From(ctx)
+	if !ok {
+		return backends.Lease{}, false
+	}
+	return h.Lease, true
 }
 
 // ErrNoLease is returned by [CompletionOutput] for a context that carries
@@ -47,17 +43,18 @@ var ErrNoLease = errors.New("idempotency: no lease in the context")
 // The middleware notices the key completed by its own lease and does not
 // complete it again.
 func CompletionOutput(ctx context.Context) ([]byte, error) {
-	h, ok := ctx.Value(leaseCtxKey{}).(held)
+	h, ok := leasectx.From(ctx)
 	if !ok {
 		return nil, ErrNoLease
 	}
-	return h.w.txOutput()
+	return h.Work.(work).txOutput()
 }
 
 // run runs the work under the lease and settles the key afterwards.
 func (m *Idempotency) run(d *delivery, lease backends.Lease, sentAt time.Time) error {
 	d.ev.Lease = lease
-	ctx, cancel := context.WithCancelCause(context.WithValue(d.ctx, leaseCtxKey{}, held{lease: lease, w: d.w}))
+	h := &leasectx.Held{Lease: lease, Work: d.w}
+	ctx, cancel := context.WithCancelCause(leasectx.With(d.ctx, h))
 	k := startKeeper(d.base, m.cfg.Store, lease, m.cfg.LeaseTTL, m.cfg.Timing.StoreTimeout, sentAt, cancel)
 
 	start := time.Now()
@@ -81,6 +78,14 @@ func (m *Idempotency) run(d *delivery, lease backends.Lease, sentAt time.Time) e
 	panicked = false
 	d.ev.HandlerDuration, d.ev.HandlerErr = time.Since(start), err
 
+	if err == nil && h.Completed() {
+		// The work completed the key with this lease in its own
+		// transaction, which committed (contrib/sqloutbox's WithTx):
+		// nothing is left to record, whatever the keeper saw since.
+		k.stop()
+		d.ev.CompletedByHandler = true
+		return m.finish(d, OutcomeProcessed, nil)
+	}
 	if lost := k.err(); lost != nil {
 		k.stop()
 		if err == nil && m.completedUnder(d, lease) {

@@ -1,28 +1,33 @@
 // Command outboxbench measures what the transactional outbox
 // (contrib/sqloutbox) costs per message against the plain path, and how
 // soon its outputs reach the broker after their commit, on Postgres and on
-// MariaDB with Redis Streams as the broker, in one run:
+// MariaDB with Redis Streams as the broker, the outbox as it was and as it
+// is, in one run:
 //
 //   - plain: the handler writes its row and completes the key with its
 //     output in its own transaction (the store's CompleteTx); the output
 //     is then published to the broker, as the router does after the
 //     handler returns;
-//   - poll100: the handler writes its row and its output into the outbox
-//     table in its transaction (the outbox's Handler); watermill-sql's
-//     subscriber polling every 100 ms, under Watermill's Forwarder, moves
-//     it to the broker: the outbox as it was before its Forwarder could be
-//     woken (its table has no notification trigger);
-//   - woken: the same handler, and the outbox's own Forwarder, woken by the
-//     commit;
-//   - notified (Postgres): a writer that is not the outbox's Handler (a
-//     plain watermill-sql publisher on the transaction, as another
-//     service would write), so that only the Postgres notification wakes
-//     the Forwarder.
+//   - poll100: the outbox as it was. The handler writes its row and its
+//     output into the outbox table (watermill-sql's publisher on its
+//     transaction, in the Forwarder's envelope) and completes the key in
+//     the transaction, as the outbox's Handler did; the middleware then
+//     finds the key completed (its Complete fails, an Inspect confirms).
+//     watermill-sql's subscriber, under Watermill's Forwarder, polls every
+//     100 ms (on MySQL one row per transaction, SERIALIZABLE); the table
+//     has no notification trigger;
+//   - woken: the outbox's Handler and Forwarder as they are: the commit
+//     wakes the Forwarder in process, and the middleware records nothing
+//     more after it;
+//   - notified (Postgres): poll100's writer, as another service would
+//     write, on a table with the trigger, and the outbox's Forwarder: only
+//     the Postgres notification wakes it.
 //
 // For each: the throughput of 16 goroutines until every output is on the
 // broker, the latency from each commit to its output read from the broker
-// under that load, the same latency for one caller at a time, and on
-// Postgres the statements sent per message (a pgx tracer, the
+// under that load (which saturates the host), the same latency at a
+// steady 300 messages/s from 16 goroutines, and for one caller at a time;
+// on Postgres, the statements sent per message (a pgx tracer, the
 // Forwarder's included). Rounds of the paths interleave; medians of the
 // throughput rounds and percentiles of all latencies are printed.
 //
@@ -35,6 +40,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,6 +75,10 @@ var (
 	rounds    = flag.Int("rounds", 3, "rounds of each path")
 	latencyN  = flag.Int("latency", 100, "messages per one-at-a-time latency round")
 	workers   = flag.Int("workers", 16, "goroutines for throughput")
+	rate      = flag.Int("rate", 300, "messages per second in the paced rounds, from as many goroutines")
+	pacedN    = flag.Int("paced", 600, "messages per paced round")
+	only      = flag.String("only", "", "run only the paths of this name and plain (for profiling)")
+	cpuProf   = flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 )
 
 func main() {
@@ -77,8 +87,18 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: outboxbench -url POSTGRES_URL [-mysql MYSQL_DSN] -redis REDIS_ADDR")
 		os.Exit(2)
 	}
+	if *cpuProf != "" {
+		f, err := os.Create(*cpuProf)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "outboxbench:", err)
+			os.Exit(1)
+		}
+		_ = pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "outboxbench:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
@@ -170,9 +190,9 @@ func receipt(msg *message.Message) *message.Message {
 // transaction has committed.
 type commitKey struct{}
 
-// outboxHandler is the woken and poll100 paths' handler: the outbox's
-// Handler made by handler, under the middleware; the Handler returns when
-// the transaction has committed.
+// outboxHandler is the woken path's handler: the outbox's Handler made by
+// handler, under the middleware; the Handler returns when the transaction
+// has committed.
 func outboxHandler(id *idempotency.Idempotency, handler func(topic func() string) message.NoPublishHandlerFunc) func(*message.Message, string, func()) error {
 	var topic atomic.Value // one per round
 	inner := handler(func() string { return topic.Load().(string) })
@@ -279,6 +299,43 @@ func postgresBench(ctx context.Context, rdb *redis.Client, pub message.Publisher
 			})
 		}
 	}
+	// foreign writes as the outbox's Handler did before it could wake
+	// the Forwarder, and as another service may: watermill-sql's
+	// publisher on the transaction, in the Forwarder's envelope, and the
+	// key completed in it; the middleware then finds the key completed.
+	foreign := func(id *idempotency.Idempotency, t string) func(*message.Message, string, func()) error {
+		return func(msg *message.Message, topic string, committed func()) error {
+			_, err := id.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				ctx := msg.Context()
+				lease, _ := idempotency.LeaseFromContext(ctx)
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					return nil, err
+				}
+				defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
+				if err := write(ctx, tx, msg); err != nil {
+					return nil, err
+				}
+				wp, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, nil)
+				if err != nil {
+					return nil, err
+				}
+				fp := forwarder.NewPublisher(wp, forwarder.PublisherConfig{ForwarderTopic: prefix + t})
+				if err := fp.Publish(topic, receipt(msg)); err != nil {
+					return nil, err
+				}
+				if err := store.CompleteTx(ctx, tx, lease, nil); err != nil {
+					return nil, err
+				}
+				if err := tx.Commit(ctx); err != nil {
+					return nil, err
+				}
+				committed()
+				return nil, nil
+			})(msg)
+			return err
+		}
+	}
 	plainIdem, otherIdem := idem(store, "plain"), idem(store, "other")
 	b.paths = []path{
 		{name: "plain", handle: func(msg *message.Message, topic string, committed func()) error {
@@ -310,7 +367,7 @@ func postgresBench(ctx context.Context, rdb *redis.Client, pub message.Publisher
 		}},
 		{
 			name:    "poll100",
-			handle:  outboxHandler(idem(store, "poll"), viaOutbox(outboxes["poll"])),
+			handle:  foreign(idem(store, "poll"), "poll"),
 			forward: b.wmForwarder(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}, OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{}}, prefix+"poll"),
 		},
 		{
@@ -319,41 +376,9 @@ func postgresBench(ctx context.Context, rdb *redis.Client, pub message.Publisher
 			forward: b.forwarder(outboxes["woken"].NewForwarder),
 		},
 		{
-			// Another writer: watermill-sql's publisher on the
-			// transaction, in the Forwarder's envelope, and the key
-			// completed in it; nothing wakes the Forwarder in process.
-			name: "notified",
-			handle: func(msg *message.Message, topic string, committed func()) error {
-				_, err := otherIdem.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-					ctx := msg.Context()
-					lease, _ := idempotency.LeaseFromContext(ctx)
-					tx, err := pool.Begin(ctx)
-					if err != nil {
-						return nil, err
-					}
-					defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
-					if err := write(ctx, tx, msg); err != nil {
-						return nil, err
-					}
-					wp, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, nil)
-					if err != nil {
-						return nil, err
-					}
-					fp := forwarder.NewPublisher(wp, forwarder.PublisherConfig{ForwarderTopic: prefix + "other"})
-					if err := fp.Publish(topic, receipt(msg)); err != nil {
-						return nil, err
-					}
-					if err := store.CompleteTx(ctx, tx, lease, nil); err != nil {
-						return nil, err
-					}
-					if err := tx.Commit(ctx); err != nil {
-						return nil, err
-					}
-					committed()
-					return nil, nil
-				})(msg)
-				return err
-			},
+			// Another writer: nothing wakes the Forwarder in process.
+			name:    "notified",
+			handle:  foreign(otherIdem, "other"),
 			forward: b.forwarder(outboxes["other"].NewForwarder),
 		},
 	}
@@ -412,6 +437,41 @@ func mysqlBench(ctx context.Context, rdb *redis.Client, pub message.Publisher, p
 			})
 		}
 	}
+	// foreign writes as the outbox's Handler did before it could wake
+	// the Forwarder (see postgresBench).
+	foreign := func(id *idempotency.Idempotency, t string) func(*message.Message, string, func()) error {
+		return func(msg *message.Message, topic string, committed func()) error {
+			_, err := id.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				ctx := msg.Context()
+				lease, _ := idempotency.LeaseFromContext(ctx)
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					return nil, err
+				}
+				defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+				if err := write(ctx, tx, msg); err != nil {
+					return nil, err
+				}
+				wp, err := wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: wsql.MySQLQueueSchema{}}, nil)
+				if err != nil {
+					return nil, err
+				}
+				fp := forwarder.NewPublisher(wp, forwarder.PublisherConfig{ForwarderTopic: prefix + t})
+				if err := fp.Publish(topic, receipt(msg)); err != nil {
+					return nil, err
+				}
+				if err := store.CompleteTx(ctx, tx, lease, nil); err != nil {
+					return nil, err
+				}
+				if err := tx.Commit(); err != nil {
+					return nil, err
+				}
+				committed()
+				return nil, nil
+			})(msg)
+			return err
+		}
+	}
 	plainIdem := idem(store, "plain")
 	b.paths = []path{
 		{name: "plain", handle: func(msg *message.Message, topic string, committed func()) error {
@@ -443,7 +503,7 @@ func mysqlBench(ctx context.Context, rdb *redis.Client, pub message.Publisher, p
 		}},
 		{
 			name:   "poll100",
-			handle: outboxHandler(idem(store, "poll"), viaOutbox(outboxes["poll"])),
+			handle: foreign(idem(store, "poll"), "poll"),
 			forward: b.wmForwarder(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
 				SchemaAdapter: wsql.MySQLQueueSchema{SubscribeBatchSize: 1}, OffsetsAdapter: wsql.MySQLQueueOffsetsAdapter{},
 			}, prefix+"poll"),
@@ -472,8 +532,16 @@ func (b *bench) forwarder(newForwarder func(message.Publisher, watermill.LoggerA
 func (b *bench) measure() error {
 	thr := map[string][]float64{}
 	loaded := map[string][]time.Duration{}
+	paced := map[string][]time.Duration{}
 	alone := map[string][]time.Duration{}
 	per := map[string][]float64{}
+	paths := b.paths[:0:0]
+	for _, p := range b.paths {
+		if *only == "" || p.name == *only || p.name == "plain" {
+			paths = append(paths, p)
+		}
+	}
+	b.paths = paths
 	for r := range *rounds {
 		for _, p := range b.paths {
 			tp, spm, lat, err := b.throughput(p, fmt.Sprintf("%s-t%d", p.name, r))
@@ -488,6 +556,11 @@ func (b *bench) measure() error {
 				return fmt.Errorf("%s: %w", p.name, err)
 			}
 			alone[p.name] = append(alone[p.name], ls...)
+			ps, err := b.paced(p, fmt.Sprintf("%s-p%d", p.name, r))
+			if err != nil {
+				return fmt.Errorf("%s: %w", p.name, err)
+			}
+			paced[p.name] = append(paced[p.name], ps...)
 		}
 	}
 	fmt.Printf("\n%s\n", b.db)
@@ -495,15 +568,16 @@ func (b *bench) measure() error {
 	if b.stmts != nil {
 		stmts = "statements/msg"
 	}
-	fmt.Printf("%-9s %14s %12s %9s   %-28s %-28s\n", "path", stmts, "messages/s", "× plain", "latency under load p50/p90/p99", "latency alone p50/p90/p99")
+	fmt.Printf("%-9s %14s %11s %8s   %-34s %-34s %-34s\n", "path", stmts, "messages/s", "× plain",
+		"latency, saturated: p50/p90/p99", fmt.Sprintf("latency at %d/s: p50/p90/p99", *rate), "latency alone: p50/p90/p99")
 	plain := medianF(thr["plain"])
 	for _, p := range b.paths {
 		s := ""
 		if b.stmts != nil {
 			s = fmt.Sprintf("%.2f", medianF(per[p.name]))
 		}
-		fmt.Printf("%-9s %14s %12.0f %8.2f×   %-28s %-28s\n", p.name, s, medianF(thr[p.name]), medianF(thr[p.name])/plain,
-			pcts(loaded[p.name]), pcts(alone[p.name]))
+		fmt.Printf("%-9s %14s %11.0f %7.2f×   %-34s %-34s %-34s\n", p.name, s, medianF(thr[p.name]), medianF(thr[p.name])/plain,
+			pcts(loaded[p.name]), pcts(paced[p.name]), pcts(alone[p.name]))
 	}
 	fmt.Printf("throughput rounds (messages/s): ")
 	for _, p := range b.paths {
@@ -638,6 +712,58 @@ func (b *bench) throughput(p path, round string) (float64, float64, []time.Durat
 		spm = float64(b.stmts.Load()-before) / float64(*messages)
 	}
 	return float64(*messages) / elapsed.Seconds(), spm, lat, nil
+}
+
+// paced handles *pacedN messages from *workers goroutines at *rate
+// messages per second, and returns each one's latency from its commit to
+// its output on the broker.
+func (b *bench) paced(p path, round string) ([]time.Duration, error) {
+	topic := b.prefix + round
+	if p.forward != nil {
+		stop, err := p.forward()
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Minute)
+	defer cancel()
+	arr, done := b.read(ctx, topic, *pacedN, nil)
+	committed := make([]int64, *pacedN)
+	next := make(chan int)
+	go func() {
+		defer close(next)
+		tick := time.NewTicker(time.Second / time.Duration(*rate))
+		defer tick.Stop()
+		for i := range *pacedN {
+			<-tick.C
+			next <- i
+		}
+	}()
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	for range *workers {
+		wg.Go(func() {
+			for i := range next {
+				if err := p.handle(newMsg(round, i), topic, func() { committed[i] = time.Now().UnixNano() }); err != nil {
+					once.Do(func() { firstErr = err })
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	if err := <-done; err != nil {
+		return nil, err
+	}
+	lat := make([]time.Duration, *pacedN)
+	for i := range lat {
+		lat[i] = time.Duration(arr.at[i].Load() - committed[i])
+	}
+	return lat, nil
 }
 
 // latency handles *latencyN messages one at a time, each from its commit

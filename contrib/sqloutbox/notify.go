@@ -34,17 +34,24 @@ $$`
 const migrateLock = `SELECT pg_advisory_xact_lock(7536011302512217455)`
 
 // notifyTrigger creates the trigger on table, unless it is there: a
-// second Migrate takes no lock on the table.
+// second Migrate takes no lock on the table. It notifies unless the
+// transaction set sqloutbox.quiet (quietBegin).
 func notifyTrigger(table, channel string) string {
 	return `DO $$
 BEGIN
 	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = ` + literal(table) + `::regclass AND tgname = 'sqloutbox_notify') THEN
-		CREATE TRIGGER sqloutbox_notify AFTER INSERT ON ` + table + `
-			FOR EACH STATEMENT EXECUTE FUNCTION sqloutbox_notify(` + literal(channel) + `);
+		CREATE TRIGGER sqloutbox_notify AFTER INSERT ON ` + table + ` FOR EACH STATEMENT
+			WHEN (current_setting('sqloutbox.quiet', true) IS DISTINCT FROM 'on')
+			EXECUTE FUNCTION sqloutbox_notify(` + literal(channel) + `);
 	END IF;
 END
 $$`
 }
+
+// quietBegin begins a transaction whose writes to the outbox notify no
+// one: WithTx's when a Forwarder of the outbox runs in the process, which
+// its commit wakes. One round trip, as BEGIN alone.
+const quietBegin = `BEGIN; SET LOCAL sqloutbox.quiet = 'on'`
 
 func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 

@@ -41,7 +41,7 @@ func NewPostgres(db PgxDB, store *pgstore.Store, opts Options) (*Postgres, error
 	if db == nil || store == nil {
 		return nil, fmt.Errorf("%w: nil database or store", ErrInvalidOptions)
 	}
-	o, err := outbox.New(wsql.BeginnerFromPgx(db), opts.config(), wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{})
+	o, err := outbox.New(wsql.BeginnerFromPgx(db), db, opts.config(), wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{})
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +141,14 @@ type pgTx struct {
 }
 
 func (p *Postgres) begin(ctx context.Context) (pgTx, error) {
-	tx, err := p.conn.BeginTx(ctx, pgx.TxOptions{})
+	var opts pgx.TxOptions
+	if p.outbox.Forwarding() {
+		// The commit wakes this process's Forwarder: the trigger need
+		// not notify (a notifying commit takes a lock every notifying
+		// commit on the server waits for).
+		opts.BeginQuery = quietBegin
+	}
+	tx, err := p.conn.BeginTx(ctx, opts)
 	return pgTx{tx: tx, store: p.store}, err
 }
 

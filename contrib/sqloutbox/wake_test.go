@@ -214,3 +214,66 @@ func TestMigrateCreatesTheTrigger(t *testing.T) {
 		t.Errorf("%d triggers after Migrate again, want 1", n)
 	}
 }
+
+// A commit through WithTx notifies other processes only when no Forwarder
+// of the outbox runs in this one (which the commit wakes); other writers
+// always notify.
+func TestCommitNotifiesWithoutALocalForwarder(t *testing.T) {
+	e := newPgEnv(t)
+	ctx := context.Background()
+	pc, err := e.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := pc.Hijack()
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	sentinel := unique("sentinel")
+	for _, ch := range []string{"sqloutbox:" + e.topic, sentinel} {
+		if _, err := conn.Exec(ctx, `LISTEN "`+ch+`"`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// notified counts the outbox's notifications committed before a
+	// sentinel sent now: notifications arrive in commit order.
+	notified := func() int {
+		t.Helper()
+		if _, err := e.pool.Exec(ctx, `SELECT pg_notify($1, '')`, sentinel); err != nil {
+			t.Fatal(err)
+		}
+		wait, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		n := 0
+		for {
+			msg, err := conn.WaitForNotification(wait)
+			if err != nil {
+				t.Fatalf("waiting for the sentinel: %v", err)
+			}
+			if msg.Channel == sentinel {
+				return n
+			}
+			n++
+		}
+	}
+	if _, err := e.run(e.outbox.Handler(e.charge(nil)), "o1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := notified(); n != 1 {
+		t.Errorf("no Forwarder in the process: the commit sent %d notifications, want 1", n)
+	}
+	ob, err := sqloutbox.NewPostgres(e.pool, e.store, sqloutbox.Options{Topic: e.topic, NoListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	received := forwarding(t, ob)
+	if _, err := e.run(e.outbox.Handler(e.charge(nil)), "o2"); err != nil {
+		t.Fatal(err)
+	}
+	arrives(t, received, "receipt-o2")
+	if n := notified(); n != 0 {
+		t.Errorf("a Forwarder in the process: the commit sent %d notifications, want 0", n)
+	}
+	e.foreignWrite(t, "r3")
+	if n := notified(); n != 1 {
+		t.Errorf("another writer's commit sent %d notifications, want 1", n)
+	}
+}

@@ -152,7 +152,7 @@ func New(db *sql.DB, store *mysqlstore.Store, opts Options) (*Outbox, error) {
 	}
 	cfg := outbox.Config{Topic: opts.Topic, Schema: opts.Schema, Offsets: opts.Offsets, Marshaler: opts.Marshaler, PollInterval: opts.PollInterval}
 	// Not DefaultMySQLSchema: see Options.Schema.
-	o, err := outbox.New(wsql.BeginnerFromStdSQL(db), cfg, wsql.MySQLQueueSchema{SubscribeBatchSize: DefaultBatchSize}, wsql.MySQLQueueOffsetsAdapter{})
+	o, err := outbox.New(wsql.BeginnerFromStdSQL(db), db, cfg, wsql.MySQLQueueSchema{SubscribeBatchSize: DefaultBatchSize}, wsql.MySQLQueueOffsetsAdapter{})
 	if err != nil {
 		return nil, err
 	}

@@ -49,11 +49,15 @@ var BeforeCommit = func() {}
 type Outbox struct {
 	cfg Config
 	db  wsql.Beginner
+	key wakeKey // its Forwarders in the process
 }
 
 // New returns the outbox of cfg on db; schema and offsets are the
-// database's defaults for cfg's unset Schema and Offsets.
-func New(db wsql.Beginner, cfg Config, schema wsql.SchemaAdapter, offsets wsql.OffsetsAdapter) (*Outbox, error) {
+// database's defaults for cfg's unset Schema and Offsets. conn is the
+// connection pool db wraps, which tells the outbox's Forwarders in the
+// process apart from those of another database's outbox of the same
+// topic.
+func New(db wsql.Beginner, conn any, cfg Config, schema wsql.SchemaAdapter, offsets wsql.OffsetsAdapter) (*Outbox, error) {
 	if cfg.Topic == "" {
 		cfg.Topic = DefaultTopic
 	}
@@ -72,7 +76,7 @@ func New(db wsql.Beginner, cfg Config, schema wsql.SchemaAdapter, offsets wsql.O
 	if cfg.PollInterval < 0 {
 		return nil, fmt.Errorf("%w: PollInterval must not be negative, got %v", ErrInvalidOptions, cfg.PollInterval)
 	}
-	return &Outbox{cfg: cfg, db: db}, nil
+	return &Outbox{cfg: cfg, db: db, key: newWakeKey(conn, cfg.Topic)}, nil
 }
 
 // Publisher publishes enveloped messages into the outbox table through
@@ -165,7 +169,7 @@ func (o *Outbox) NewForwarder(out message.Publisher, logger watermill.LoggerAdap
 	if err != nil {
 		return nil, fmt.Errorf("sqloutbox: forwarder: %w", err)
 	}
-	sub := &wokenSubscriber{Subscriber: inner, topic: o.cfg.Topic, w: w, listen: listen}
+	sub := &wokenSubscriber{Subscriber: inner, key: o.key, w: w, listen: listen}
 	f, err := forwarder.NewForwarder(sub, out, logger, cfg)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("sqloutbox: forwarder: %w", err), sub.Close())

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/internal/leasectx"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -76,6 +77,10 @@ func WithTx[T Tx](ctx context.Context, o *Outbox, begin func(context.Context) (T
 	committed = true
 	if pub.any {
 		o.Wake()
+	}
+	// The door need not complete the key again, nor check why it cannot.
+	if h, ok := leasectx.From(ctx); ok {
+		h.MarkCompleted()
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"reflect"
 	"sync"
 	"time"
 
@@ -98,15 +99,29 @@ func (w *waker) HandleError(logger watermill.LoggerAdapter, noMsg bool, err erro
 	return 0
 }
 
-// wakers holds, per outbox topic, the subscriptions of this process's
-// Forwarders: a commit that wrote to the topic wakes them all. A topic of
-// the same name on another database gets a needless read, no more.
+// wakeKey names an outbox: its topic, and the pool it is on when that is
+// a pointer (a *pgxpool.Pool, a *sql.DB).
+type wakeKey struct {
+	conn  uintptr
+	topic string
+}
+
+func newWakeKey(conn any, topic string) wakeKey {
+	k := wakeKey{topic: topic}
+	if v := reflect.ValueOf(conn); v.Kind() == reflect.Pointer {
+		k.conn = v.Pointer()
+	}
+	return k
+}
+
+// wakers holds, per outbox, the subscriptions of this process's
+// Forwarders: a commit that wrote to the outbox wakes them all.
 var wakers = struct {
 	sync.Mutex
-	m map[string]map[*waker]struct{}
-}{m: map[string]map[*waker]struct{}{}}
+	m map[wakeKey]map[*waker]struct{}
+}{m: map[wakeKey]map[*waker]struct{}{}}
 
-func register(topic string, w *waker) (unregister func()) {
+func register(topic wakeKey, w *waker) (unregister func()) {
 	wakers.Lock()
 	defer wakers.Unlock()
 	set := wakers.m[topic]
@@ -128,10 +143,18 @@ func register(topic string, w *waker) (unregister func()) {
 // Wake wakes this process's Forwarders of the outbox: rows were committed.
 func (o *Outbox) Wake() {
 	wakers.Lock()
-	for w := range wakers.m[o.cfg.Topic] {
+	for w := range wakers.m[o.key] {
 		w.Wake()
 	}
 	wakers.Unlock()
+}
+
+// Forwarding tells whether a Forwarder of the outbox runs in this process:
+// then a commit's wake reaches it, and no other process needs telling.
+func (o *Outbox) Forwarding() bool {
+	wakers.Lock()
+	defer wakers.Unlock()
+	return len(wakers.m[o.key]) > 0
 }
 
 // Listener keeps a Forwarder's subscription told of rows that other
@@ -143,7 +166,7 @@ type Listener func(ctx context.Context, wake func())
 // BackoffManager, registered for the outbox's commits while it reads.
 type wokenSubscriber struct {
 	*wsql.Subscriber
-	topic  string
+	key    wakeKey
 	w      *waker
 	listen Listener
 	stop   context.CancelFunc
@@ -157,7 +180,7 @@ func (s *wokenSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if err != nil {
 		return nil, err
 	}
-	unregister := register(s.topic, s.w)
+	unregister := register(s.key, s.w)
 	lctx, cancel := context.WithCancel(ctx)
 	s.mu.Lock()
 	s.stop = cancel

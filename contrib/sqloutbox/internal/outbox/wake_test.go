@@ -89,14 +89,21 @@ func TestWakerErrors(t *testing.T) {
 // A commit wakes every Forwarder of its topic in the process, and only
 // those.
 func TestWakeReachesTheTopicsForwarders(t *testing.T) {
-	o, err := New(nil, Config{Topic: "wake_test"}, nil, nil)
+	db, otherDB := new(int), new(int)
+	o, err := New(nil, db, Config{Topic: "wake_test"}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, b, other := newWaker(time.Hour), newWaker(time.Hour), newWaker(time.Hour)
-	ua, ub := register("wake_test", a), register("wake_test", b)
-	uo := register("wake_test_other", other)
-	defer uo()
+	if o.Forwarding() {
+		t.Error("Forwarding before any Forwarder runs")
+	}
+	a, b, other, otherDBs := newWaker(time.Hour), newWaker(time.Hour), newWaker(time.Hour), newWaker(time.Hour)
+	ua, ub := register(o.key, a), register(newWakeKey(db, "wake_test"), b)
+	defer register(newWakeKey(db, "wake_test_other"), other)()
+	defer register(newWakeKey(otherDB, "wake_test"), otherDBs)()
+	if !o.Forwarding() {
+		t.Error("not Forwarding while two Forwarders run")
+	}
 	o.Wake()
 	for name, w := range map[string]*waker{"a": a, "b": b} {
 		select {
@@ -105,16 +112,21 @@ func TestWakeReachesTheTopicsForwarders(t *testing.T) {
 			t.Errorf("%s was not woken", name)
 		}
 	}
-	select {
-	case <-other.wake:
-		t.Error("a Forwarder of another topic was woken")
-	default:
+	for name, w := range map[string]*waker{"another topic's": other, "another database's": otherDBs} {
+		select {
+		case <-w.wake:
+			t.Errorf("%s Forwarder was woken", name)
+		default:
+		}
 	}
 	ua()
 	ub()
+	if o.Forwarding() {
+		t.Error("Forwarding after its Forwarders ended")
+	}
 	wakers.Lock()
 	defer wakers.Unlock()
-	if _, ok := wakers.m["wake_test"]; ok {
-		t.Error("the topic is still registered after its Forwarders ended")
+	if _, ok := wakers.m[o.key]; ok {
+		t.Error("the outbox is still registered after its Forwarders ended")
 	}
 }
