@@ -19,7 +19,6 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/memstore"
-	"github.com/watermill-idempotency/idempotency/internal/leasectx"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	"github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -660,7 +659,8 @@ func (s *callCounting) Inspect(ctx context.Context, key string) (backends.Record
 }
 
 // Work that completed its key in a transaction that committed, and says
-// so (contrib/sqloutbox's WithTx), costs the door no store call after it:
+// so (MarkCompletedInTx, as contrib/sqloutbox's WithTx does), costs the
+// door no store call after it:
 // without the mark, the door's Complete fails and an Inspect confirms
 // the key completed by this lease.
 func TestWorkMarkedCompletedSettlesWithoutTheStore(t *testing.T) {
@@ -675,13 +675,12 @@ func TestWorkMarkedCompletedSettlesWithoutTheStore(t *testing.T) {
 				lease, _ := middleware.LeaseFromContext(msg.Context())
 				require.NoError(t, store.Store.Complete(context.Background(), lease, nil)) // its transaction's
 				if mark {
-					h, ok := leasectx.From(msg.Context())
-					require.True(t, ok)
-					h.MarkCompleted()
+					require.True(t, middleware.MarkCompletedInTx(msg.Context()))
 				}
 				return nil, nil
 			})(newMsg("k", "x"))
 			require.NoError(t, err)
+			require.False(t, middleware.MarkCompletedInTx(context.Background()), "no lease, no mark")
 			require.Len(t, events, 1)
 			require.Equal(t, middleware.OutcomeProcessed, events[0].Outcome)
 			require.True(t, events[0].CompletedByHandler)

@@ -4,11 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	"github.com/watermill-idempotency/idempotency/internal/leasectx"
 )
+
+type leaseCtxKey struct{}
+
+// held is what the context of work under a lease carries.
+type held struct {
+	lease     backends.Lease
+	w         work
+	completed atomic.Bool // MarkCompletedInTx
+}
+
+func heldFrom(ctx context.Context) (*held, bool) {
+	h, ok := ctx.Value(leaseCtxKey{}).(*held)
+	return h, ok
+}
 
 // LeaseFromContext returns the lease the work runs under: inside a
 // Watermill handler, call it with msg.Context(); inside a function given
@@ -16,11 +30,11 @@ import (
 // is given. Pass Lease.Token to the systems the work writes to, so they
 // can reject writes from a holder whose lease was taken over (fencing).
 func LeaseFromContext(ctx context.Context) (backends.Lease, bool) {
-	h, ok := leasectx.From(ctx)
+	h, ok := heldFrom(ctx)
 	if !ok {
 		return backends.Lease{}, false
 	}
-	return h.Lease, true
+	return h.lease, true
 }
 
 // ErrNoLease is returned by [CompletionOutput] for a context that carries
@@ -43,18 +57,39 @@ var ErrNoLease = errors.New("idempotency: no lease in the context")
 // The middleware notices the key completed by its own lease and does not
 // complete it again.
 func CompletionOutput(ctx context.Context) ([]byte, error) {
-	h, ok := leasectx.From(ctx)
+	h, ok := heldFrom(ctx)
 	if !ok {
 		return nil, ErrNoLease
 	}
-	return h.Work.(work).txOutput()
+	return h.w.txOutput()
+}
+
+// MarkCompletedInTx tells the door that the work running under the lease
+// in ctx completed its own key in the transaction that holds its writes
+// (pgstore.Store.CompleteTxOutput, with the output of CompletionOutput),
+// and that this transaction has committed. The door then records nothing
+// more when the work returns without an error: without the mark, it
+// completes the key again, which fails, and inspects it to learn that
+// this very lease completed it, two store calls. contrib/sqloutbox's
+// WithTx calls it after its commit.
+//
+// Call it only once the commit has returned nil: a mark on a transaction
+// that rolled back, or never completed the key, acks the delivery with
+// nothing recorded, and its work is lost. It reports whether ctx carries
+// a lease.
+func MarkCompletedInTx(ctx context.Context) bool {
+	h, ok := heldFrom(ctx)
+	if ok {
+		h.completed.Store(true)
+	}
+	return ok
 }
 
 // run runs the work under the lease and settles the key afterwards.
 func (m *Idempotency) run(d *delivery, lease backends.Lease, sentAt time.Time) error {
 	d.ev.Lease = lease
-	h := &leasectx.Held{Lease: lease, Work: d.w}
-	ctx, cancel := context.WithCancelCause(leasectx.With(d.ctx, h))
+	h := &held{lease: lease, w: d.w}
+	ctx, cancel := context.WithCancelCause(context.WithValue(d.ctx, leaseCtxKey{}, h))
 	k := startKeeper(d.base, m.cfg.Store, lease, m.cfg.LeaseTTL, m.cfg.Timing.StoreTimeout, sentAt, cancel)
 
 	start := time.Now()
@@ -78,7 +113,7 @@ func (m *Idempotency) run(d *delivery, lease backends.Lease, sentAt time.Time) e
 	panicked = false
 	d.ev.HandlerDuration, d.ev.HandlerErr = time.Since(start), err
 
-	if err == nil && h.Completed() {
+	if err == nil && h.completed.Load() {
 		// The work completed the key with this lease in its own
 		// transaction, which committed (contrib/sqloutbox's WithTx):
 		// nothing is left to record, whatever the keeper saw since.

@@ -19,7 +19,10 @@
 //     key publishes nothing again;
 //   - a Forwarder run by the service reads the outbox table and publishes
 //     each message to its destination on the real broker, at least once,
-//     always with the message's own UUID.
+//     always with the message's own UUID. It reads as soon as rows commit:
+//     woken by this process's commits, and on Postgres by a notification
+//     of every writer's (a trigger Migrate creates); it polls every
+//     PollInterval only for a wake that was missed.
 //
 // If the transaction commits, the business rows, the outputs and the
 // completion are recorded together, once; if it rolls back, none is, and

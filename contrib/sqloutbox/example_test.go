@@ -224,3 +224,26 @@ func ExamplePostgres_Prune() {
 	}()
 	// end snippet
 }
+
+// The Forwarder pruning what it forwarded, a day after.
+// Compiled, not run: it needs Postgres.
+func ExampleOptions_retention() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost:5432/app")
+	if err != nil {
+		panic(err)
+	}
+	store, err := pgstore.New(pool, pgstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	// snippet:retention
+	outbox, err := sqloutbox.NewPostgres(pool, store, sqloutbox.Options{
+		Retention: 24 * time.Hour, // forwarded rows are kept a day, for inspection
+	})
+	// end snippet
+	if err != nil {
+		panic(err)
+	}
+	_ = outbox
+}

@@ -65,8 +65,17 @@ type Options struct {
 	// not work. The Forwarder is then woken by this process's commits
 	// only, and finds other writers' rows within PollInterval.
 	NoListen bool
+	// Retention, if positive, makes each Forwarder delete the rows it has
+	// forwarded once they are older than Retention, by the database's
+	// clock: Prune, with DefaultPruneBatch rows per statement, every
+	// Retention (at least every minute, at most every second) while the
+	// Forwarder runs; a failure is logged and tried again at the next
+	// round. Zero keeps every row: call Prune from a job of your own, or
+	// not at all. It needs the default Schema and Offsets (the
+	// constructor says so otherwise).
+	Retention time.Duration
 }
 
 func (o Options) config() outbox.Config {
-	return outbox.Config{Topic: o.Topic, Schema: o.Schema, Offsets: o.Offsets, Marshaler: o.Marshaler, PollInterval: o.PollInterval}
+	return outbox.Config{Topic: o.Topic, Schema: o.Schema, Offsets: o.Offsets, Marshaler: o.Marshaler, PollInterval: o.PollInterval, Retention: o.Retention}
 }

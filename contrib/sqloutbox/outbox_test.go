@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
@@ -270,6 +271,13 @@ func TestOptions(t *testing.T) {
 	}
 	if _, err := sqloutbox.NewPostgres(e.pool, e.store, sqloutbox.Options{PollInterval: -1}); !errors.Is(err, sqloutbox.ErrInvalidOptions) {
 		t.Errorf("negative PollInterval: got %v", err)
+	}
+	if _, err := sqloutbox.NewPostgres(e.pool, e.store, sqloutbox.Options{Retention: -1}); !errors.Is(err, sqloutbox.ErrInvalidOptions) {
+		t.Errorf("negative Retention: got %v", err)
+	}
+	_, err := sqloutbox.NewPostgres(e.pool, e.store, sqloutbox.Options{Retention: time.Hour, Schema: wsql.PostgreSQLQueueSchema{}})
+	if !errors.Is(err, sqloutbox.ErrInvalidOptions) || !errors.Is(err, sqloutbox.ErrPruneUnsupported) {
+		t.Errorf("Retention with a schema Prune cannot read: got %v", err)
 	}
 	broker := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	if _, err := e.outbox.NewForwarder(broker, nil, forwarder.Config{ForwarderTopic: "other"}); !errors.Is(err, sqloutbox.ErrInvalidOptions) {

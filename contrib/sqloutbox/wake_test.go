@@ -277,3 +277,29 @@ func TestCommitNotifiesWithoutALocalForwarder(t *testing.T) {
 		t.Errorf("another writer's commit sent %d notifications, want 1", n)
 	}
 }
+
+// With Options.Retention the Forwarder deletes what it forwarded once it
+// is older than the retention: the table empties.
+func TestForwarderPrunesWithRetention(t *testing.T) {
+	e := newPgEnv(t)
+	ob, err := sqloutbox.NewPostgres(e.pool, e.store, sqloutbox.Options{Topic: e.topic, Retention: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	received := forwarding(t, ob)
+	for i := range 5 {
+		if _, err := e.run(e.outbox.Handler(e.charge(nil)), fmt.Sprintf("o%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 5 {
+		arrives(t, received, fmt.Sprintf("receipt-o%d", i))
+	}
+	deadline := time.Now().Add(time.Minute)
+	for n := e.outboxRows(t); n > 0; n = e.outboxRows(t) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d forwarded rows still in the outbox a minute later", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

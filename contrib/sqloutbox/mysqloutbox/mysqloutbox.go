@@ -132,6 +132,15 @@ type Options struct {
 	// process to the outbox wakes it: rows that other processes commit
 	// are found within it. Defaults to DefaultPollInterval.
 	PollInterval time.Duration
+	// Retention, if positive, makes each Forwarder delete the rows it has
+	// forwarded once they are older than Retention, by the database's
+	// clock: Prune, with DefaultPruneBatch rows per statement, every
+	// Retention (at least every minute, at most every second) while the
+	// Forwarder runs; a failure is logged and tried again at the next
+	// round. Zero keeps every row: call Prune from a job of your own, or
+	// not at all. It needs the default Schema and Offsets (the
+	// constructor says so otherwise).
+	Retention time.Duration
 }
 
 // Outbox runs work in a transaction on MySQL or MariaDB that holds its own
@@ -150,7 +159,7 @@ func New(db *sql.DB, store *mysqlstore.Store, opts Options) (*Outbox, error) {
 	if db == nil || store == nil {
 		return nil, fmt.Errorf("%w: nil database or store", ErrInvalidOptions)
 	}
-	cfg := outbox.Config{Topic: opts.Topic, Schema: opts.Schema, Offsets: opts.Offsets, Marshaler: opts.Marshaler, PollInterval: opts.PollInterval}
+	cfg := outbox.Config{Topic: opts.Topic, Schema: opts.Schema, Offsets: opts.Offsets, Marshaler: opts.Marshaler, PollInterval: opts.PollInterval, Retention: opts.Retention}
 	// Not DefaultMySQLSchema: see Options.Schema.
 	o, err := outbox.New(wsql.BeginnerFromStdSQL(db), db, cfg, wsql.MySQLQueueSchema{SubscribeBatchSize: DefaultBatchSize}, wsql.MySQLQueueOffsetsAdapter{})
 	if err != nil {

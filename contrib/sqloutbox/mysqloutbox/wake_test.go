@@ -159,3 +159,34 @@ func TestCutBatchMarksOnlyForwardedRows(t *testing.T) {
 		arrives(t, received, u)
 	}
 }
+
+// With Options.Retention the Forwarder deletes what it forwarded once it
+// is older than the retention (whole seconds on MySQL): the table
+// empties.
+func TestForwarderPrunesWithRetention(t *testing.T) {
+	e := newMyEnv(t)
+	ob, err := mysqloutbox.New(e.db, e.store, mysqloutbox.Options{Topic: e.topic, Retention: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	broker := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	received, err := broker.Subscribe(context.Background(), "receipts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, ob, broker)
+	e.publish(t, "o1", "r1", "r2", "r3")
+	for _, u := range []string{"r1", "r2", "r3"} {
+		arrives(t, received, u)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for _, n := e.count(t); n > 0; _, n = e.count(t) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d forwarded rows still in the outbox a minute later", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := mysqloutbox.New(e.db, e.store, mysqloutbox.Options{Retention: -1}); !errors.Is(err, mysqloutbox.ErrInvalidOptions) {
+		t.Errorf("negative Retention: got %v", err)
+	}
+}

@@ -39,6 +39,7 @@ type Config struct {
 	Offsets      wsql.OffsetsAdapter
 	Marshaler    forwarder.Marshaler
 	PollInterval time.Duration
+	Retention    time.Duration
 }
 
 // BeforeCommit runs after a handler's key is completed in its transaction
@@ -76,7 +77,14 @@ func New(db wsql.Beginner, conn any, cfg Config, schema wsql.SchemaAdapter, offs
 	if cfg.PollInterval < 0 {
 		return nil, fmt.Errorf("%w: PollInterval must not be negative, got %v", ErrInvalidOptions, cfg.PollInterval)
 	}
-	return &Outbox{cfg: cfg, db: db, key: newWakeKey(conn, cfg.Topic)}, nil
+	o := &Outbox{cfg: cfg, db: db, key: newWakeKey(conn, cfg.Topic)}
+	if cfg.Retention < 0 {
+		return nil, fmt.Errorf("%w: Retention must not be negative, got %v", ErrInvalidOptions, cfg.Retention)
+	}
+	if _, err := o.pruneQuery(); cfg.Retention > 0 && err != nil {
+		return nil, fmt.Errorf("%w: Retention: %w", ErrInvalidOptions, err)
+	}
+	return o, nil
 }
 
 // Publisher publishes enveloped messages into the outbox table through
@@ -170,6 +178,9 @@ func (o *Outbox) NewForwarder(out message.Publisher, logger watermill.LoggerAdap
 		return nil, fmt.Errorf("sqloutbox: forwarder: %w", err)
 	}
 	sub := &wokenSubscriber{Subscriber: inner, key: o.key, w: w, listen: listen}
+	if o.cfg.Retention > 0 {
+		sub.prune = func(ctx context.Context) { o.pruneLoop(ctx, logger) }
+	}
 	f, err := forwarder.NewForwarder(sub, out, logger, cfg)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("sqloutbox: forwarder: %w", err), sub.Close())

@@ -9,7 +9,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	"github.com/watermill-idempotency/idempotency/internal/leasectx"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -79,9 +78,7 @@ func WithTx[T Tx](ctx context.Context, o *Outbox, begin func(context.Context) (T
 		o.Wake()
 	}
 	// The door need not complete the key again, nor check why it cannot.
-	if h, ok := leasectx.From(ctx); ok {
-		h.MarkCompleted()
-	}
+	idempotency.MarkCompletedInTx(ctx)
 	return nil
 }
 

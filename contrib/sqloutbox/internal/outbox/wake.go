@@ -169,6 +169,7 @@ type wokenSubscriber struct {
 	key    wakeKey
 	w      *waker
 	listen Listener
+	prune  func(ctx context.Context) // the pruning loop, if Retention is set
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
 	mu     sync.Mutex
@@ -197,6 +198,9 @@ func (s *wokenSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		}
 		<-lctx.Done()
 	}()
+	if s.prune != nil {
+		s.wg.Go(func() { s.prune(lctx) })
+	}
 	return msgs, nil
 }
 
