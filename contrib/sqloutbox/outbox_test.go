@@ -39,8 +39,14 @@ type pgEnv struct {
 
 func newPgEnv(t *testing.T) *pgEnv {
 	t.Helper()
+	return newPgEnvAt(t, service(t, "TEST_DATABASE_URL"))
+}
+
+// newPgEnvAt is newPgEnv on the Postgres of url.
+func newPgEnvAt(t *testing.T, url string) *pgEnv {
+	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, service(t, "TEST_DATABASE_URL"))
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,16 @@ import (
 // the test's minute, a wake brought.
 const never = time.Hour
 
+// newQuietPgEnv is a pgEnv on a Postgres of the test's own. A Postgres
+// Forwarder reads only the rows of transactions older than every
+// transaction still running on the server; on a server that other tests
+// share, one of theirs that stays open would hold back the rows a wake
+// announces until the next poll, an hour away.
+func newQuietPgEnv(t *testing.T) *pgEnv {
+	t.Helper()
+	return newPgEnvAt(t, startPostgres(t).url())
+}
+
 // forwarding runs ob's Forwarder into a broker until the test ends, and
 // returns what it forwards to topic "receipts". It waits until the
 // Forwarder has read the empty table and the quick retries that follow
@@ -70,7 +80,7 @@ func arrives(t *testing.T, received <-chan *message.Message, uuid string) time.D
 
 // A commit of this process wakes its Forwarder (no LISTEN here).
 func TestForwarderWokenByCommit(t *testing.T) {
-	e := newPgEnv(t)
+	e := newQuietPgEnv(t)
 	ob, err := sqloutbox.NewPostgres(e.pool, e.store, sqloutbox.Options{Topic: e.topic, PollInterval: never, NoListen: true})
 	if err != nil {
 		t.Fatal(err)
@@ -156,7 +166,7 @@ func (e *pgEnv) waitListener(t *testing.T, old int32) int32 {
 // notification; after its connection is killed, the Forwarder listens
 // again and reads what was committed while it did not.
 func TestForwarderWokenByOtherWriters(t *testing.T) {
-	e := newPgEnv(t)
+	e := newQuietPgEnv(t)
 	ob, err := sqloutbox.NewPostgres(e.pool, e.store, sqloutbox.Options{Topic: e.topic, PollInterval: never})
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +229,7 @@ func TestMigrateCreatesTheTrigger(t *testing.T) {
 // of the outbox runs in this one (which the commit wakes); other writers
 // always notify.
 func TestCommitNotifiesWithoutALocalForwarder(t *testing.T) {
-	e := newPgEnv(t)
+	e := newQuietPgEnv(t)
 	ctx := context.Background()
 	pc, err := e.pool.Acquire(ctx)
 	if err != nil {
