@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox"
+	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox/internal/outboxtest"
 )
 
 // The Forwarders of these tests poll every hour: what they forward within
@@ -302,9 +303,11 @@ func TestForwarderPrunesWithRetention(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	var want []string
 	for i := range 5 {
-		arrives(t, received, fmt.Sprintf("receipt-o%d", i))
+		want = append(want, fmt.Sprintf("receipt-o%d", i))
 	}
+	outboxtest.ArriveAll(t, received, want...)
 	deadline := time.Now().Add(time.Minute)
 	for n := e.outboxRows(t); n > 0; n = e.outboxRows(t) {
 		if time.Now().After(deadline) {

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox/internal/outboxtest"
 	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox/mysqloutbox"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -155,9 +156,7 @@ func TestCutBatchMarksOnlyForwardedRows(t *testing.T) {
 		t.Errorf("%d rows marked forwarded after r1 and r2 were, want at most 2", marked)
 	}
 	run(t, ob, broker)
-	for _, u := range []string{"r1", "r2", "r3", "r4", "r5"} {
-		arrives(t, received, u)
-	}
+	outboxtest.ArriveAll(t, received, "r1", "r2", "r3", "r4", "r5")
 }
 
 // With Options.Retention the Forwarder deletes what it forwarded once it
@@ -176,9 +175,7 @@ func TestForwarderPrunesWithRetention(t *testing.T) {
 	}
 	run(t, ob, broker)
 	e.publish(t, "o1", "r1", "r2", "r3")
-	for _, u := range []string{"r1", "r2", "r3"} {
-		arrives(t, received, u)
-	}
+	outboxtest.ArriveAll(t, received, "r1", "r2", "r3")
 	deadline := time.Now().Add(time.Minute)
 	for _, n := e.count(t); n > 0; _, n = e.count(t) {
 		if time.Now().After(deadline) {
