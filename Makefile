@@ -163,13 +163,15 @@ bench-e2e: bin/testenv ## A user's path on Redis Streams, no middleware, the Ded
 	@$(BENCH_ENV) redis,postgres,mariadb -- sh -c 'cd benchmarks && $(GO) run ./e2ebench -redis "$$REDIS_ADDR" -pg "$$TEST_DATABASE_URL" -mysql "$$MYSQL_DSN" $(E2E_FLAGS)' 2>&1 | tee $(BENCH_DIR)/e2e.txt
 
 .PHONY: bench-core
-bench-core: ## Benchmark the middleware on the in-memory store against Watermill's Deduplicator, and the OpenTelemetry observer against it
+bench-core: bin/testenv ## Benchmark the middleware on the in-memory store against Watermill's Deduplicator, a store call's deadline context on each store (private Redis and Postgres, or REDIS_ADDR, TEST_DATABASE_URL), and the OpenTelemetry observer
 	@mkdir -p $(BENCH_DIR)
-	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./middleware/ | tee $(BENCH_DIR)/middleware.txt
+	$(BENCH_ENV) redis,postgres -- sh -c '$(GO) test -run "^$$" -bench . -benchmem -count $(BENCH_COUNT) ./middleware/' | tee $(BENCH_DIR)/middleware.txt
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./keyfunc/ | tee $(BENCH_DIR)/keyfunc.txt
 	cd contrib/otel && $(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) . | tee $(abspath $(BENCH_DIR))/otel.txt
 	@echo; echo "== middleware per message, against Watermill's Deduplicator (base) and no middleware"
-	cd tools && GOWORK=off $(GO) tool benchstat -col '/mw@(deduplicator idempotency none)' $(abspath $(BENCH_DIR))/middleware.txt
+	cd tools && GOWORK=off $(GO) tool benchstat -filter '-.name:StoreCallContext' -col '/mw@(deduplicator idempotency none)' $(abspath $(BENCH_DIR))/middleware.txt
+	@echo; echo "== one store call under the middleware's deadline context (base) and context.WithTimeout"
+	cd tools && GOWORK=off $(GO) tool benchstat -filter '.name:StoreCallContext' -col '/ctx@(deadlineCtx WithTimeout)' $(abspath $(BENCH_DIR))/middleware.txt
 	@echo; echo "== the OpenTelemetry observer and instrumented store, against the plain middleware (base)"
 	cd tools && GOWORK=off $(GO) tool benchstat -col '/mw@(idempotency otel otel+store)' $(abspath $(BENCH_DIR))/otel.txt
 	@echo; echo "== key extraction"

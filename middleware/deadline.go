@@ -18,6 +18,15 @@ import (
 // derived from it use instead of starting a goroutine that waits for Done:
 // a client that watches the context for each call (pgx does, through
 // context.AfterFunc) costs no goroutine per call.
+//
+// What it saves against context.WithTimeout, per store call (an Inspect
+// of an absent key; a delivery makes two or more calls), measured by
+// BenchmarkStoreCallContext (make bench-core), 5 runs each, medians:
+// memstore 305 ns, 2 allocs, 112 B against 685 ns, 4 allocs, 272 B;
+// Redis 78.4 µs, 39 allocs, 1,016 B against 84.0 µs, 39 allocs, 1,048 B
+// (p=0.008); Postgres 75.4 µs, 30 allocs, 1,756 B against 78.0 µs
+// (p=0.84, no difference), 26 allocs, 1,915 B. It pays on the in-memory
+// store and on Redis, and costs nothing measurable on Postgres.
 type deadlineCtx struct {
 	context.Context // never cancelled
 	deadline        time.Time
