@@ -361,37 +361,42 @@ func storm(t *testing.T, e stormEnv, during func(), rows func() [][]byte, charge
 		exited  atomic.Int64
 		killed  atomic.Int64
 	)
-	start := func(i int) {
+	stopping := make(chan struct{})
+	// start starts worker i, unless the storm is stopping. It holds procMu
+	// from the check to the record, so that the final kill, which closes
+	// stopping under procMu, sees every worker ever started: a worker
+	// started behind its back would run on and hold up the test.
+	start := func(i int) *exec.Cmd {
+		procMu.Lock()
+		defer procMu.Unlock()
+		select {
+		case <-stopping:
+			return nil
+		default:
+		}
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = e.environ()
 		cmd.Stdout, cmd.Stderr = logs, logs
 		if err := cmd.Start(); err != nil {
 			t.Error(err)
-			return
+			return nil
 		}
 		started.Add(1)
-		procMu.Lock()
 		procs[i] = cmd
-		procMu.Unlock()
+		return cmd
 	}
-	stopping := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				start(i)
-				procMu.Lock()
-				cmd := procs[i]
-				procMu.Unlock()
+				cmd := start(i)
+				if cmd == nil {
+					return
+				}
 				_ = cmd.Wait()
 				exited.Add(1)
-				select {
-				case <-stopping:
-					return
-				default:
-				}
 			}
 		}()
 	}
@@ -441,8 +446,8 @@ func storm(t *testing.T, e stormEnv, during func(), rows func() [][]byte, charge
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	close(stopping)
 	procMu.Lock()
+	close(stopping)
 	for _, p := range procs {
 		if p != nil && p.Process != nil {
 			_ = p.Process.Signal(syscall.SIGKILL)
