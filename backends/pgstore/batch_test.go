@@ -60,7 +60,7 @@ func TestBatchRefusedCallIsNotAnothersError(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck
 	_, err = tx.Exec(ctx, `INSERT INTO `+table+` (key, state, owner, token, attempt, lease_expires_at, retention_us, forget_at)
-		VALUES ('held', 2, 'x', 1, 1, now(), 0, now() + interval '1 hour')`)
+		VALUES ('held', $1, 'x', 1, 1, now(), 0, now() + interval '1 hour')`, pgstore.StateReleased)
 	require.NoError(t, err)
 	acquire := func(key, owner string) (backends.AcquireResult, error) {
 		ctx, cancel := context.WithTimeout(ctx, time.Minute)

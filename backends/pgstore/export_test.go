@@ -6,6 +6,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// StateReleased is the state column's code of a released lease.
+const StateReleased = stateReleased
+
 // SetListenIdle makes the listeners of stores created from now on ping
 // their connection after d of silence, until restore is called.
 func SetListenIdle(d time.Duration) (restore func()) {

@@ -10,14 +10,23 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
-// stateFilter keeps the rows in the state $4 (a backends.State; 0 for
-// any), judged by the server's clock as Inspect judges them.
-const stateFilter = `CASE $4::int
-	WHEN 0 THEN true
-	WHEN 1 THEN state = 1 AND lease_expires_at > now()
-	WHEN 2 THEN state = 1 AND lease_expires_at <= now()
-	WHEN 3 THEN state = 2
-	ELSE state = 3 END`
+// listState is what List asks of a record's row for a state of
+// [backends.State]: the code of its state column (nil for any), and
+// whether its lease must be live (true), run out (false), or either
+// (nil), judged by the server's clock as Inspect judges it.
+func listState(state backends.State) (code, live any) {
+	switch state {
+	case backends.StateInProgress:
+		return int16(stateInProgress), true
+	case backends.StateExpired:
+		return int16(stateInProgress), false
+	case backends.StateReleased:
+		return int16(stateReleased), nil
+	case backends.StateCompleted:
+		return int16(stateCompleted), nil
+	}
+	return nil, nil // any; ValidateList refused every other state
+}
 
 // List implements [backends.Lister]: keyset pagination on the table's
 // primary key, one indexed range scan per page.
@@ -27,7 +36,8 @@ func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.Li
 	}
 	after, _ := storekit.ParseListCursor(req.Cursor)
 	lower, upper := storekit.ListRange(req.Namespace)
-	rows, err := s.pool.Query(ctx, s.sql.list, []byte(after), lower, upper, int(req.State), req.Limit)
+	code, live := listState(req.State)
+	rows, err := s.pool.Query(ctx, s.sql.list, []byte(after), lower, upper, code, live, req.Limit)
 	if err != nil {
 		return backends.ListPage{}, opError("list", err)
 	}

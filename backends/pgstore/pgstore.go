@@ -2,12 +2,10 @@ package pgstore
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"text/template"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -38,13 +36,9 @@ const (
 	acquireSuffix = "_acquire"
 )
 
-// acquireArgs are the argument types of the acquire function
-// (acquire.sql).
-const acquireArgs = "(bytea,text,bigint,bigint,bytea,text)"
-
 // addedColumns are the columns schema.sql adds to a table of an earlier
-// release, quoted for SQL: Migrate has nothing to do only if each exists.
-const addedColumns = `'waited', 'origin', 'acquired_at'`
+// release: Migrate has nothing to do only if each exists.
+var addedColumns = []string{"waited", "origin", "acquired_at"}
 
 // Defaults for [Options].
 const (
@@ -99,39 +93,6 @@ type Store struct {
 	batcher  *batcher
 }
 
-type statements struct {
-	// schema creates the table; functions creates the acquire function.
-	schema, functions, current, acquire, renew, complete, release, inspect, list, count, delete, cleanup, watch string
-}
-
-var (
-	//go:embed schema.sql
-	schemaSQL string
-	//go:embed acquire.sql
-	acquireSQL string
-)
-
-// untilSQL is the time until which the record in row r (an alias and a
-// dot, or empty) counts: for a completed record, its completion plus its
-// retention; for any other, forget_at. A completion within its lease
-// leaves forget_at as Acquire set it, the lease's end plus the retention
-// (see the complete statement), so that the update changes no indexed
-// column and Postgres can make it a HOT update; forget_at is then only a
-// bound, and cleanup, which reads its index, deletes a completed record
-// once both times have passed.
-func untilSQL(r string) string {
-	return `(CASE WHEN ` + r + `state = 3 THEN ` + r + `completed_at + ` + r + `retention_us * interval '1 microsecond' ELSE ` + r + `forget_at END)`
-}
-
-// Whether the existing row r can be taken by the inserting owner, and
-// whether it is that owner's own live lease; used by acquire.sql's upsert,
-// with untilR, the time until which r counts.
-var (
-	untilR        = untilSQL("r.")
-	acquirableSQL = `(` + untilR + ` <= now() OR r.state = 2 OR (r.state = 1 AND (r.owner = excluded.owner OR r.lease_expires_at <= now())))`
-	reentrantSQL  = `(r.forget_at > now() AND r.state = 1 AND r.owner = excluded.owner)`
-)
-
 // liveFunc is the function, in the store's schema, that tells whether a
 // record still counts (schema.sql); the statements that find a record by
 // its key call it on the row they find, which keeps their plans on the
@@ -161,82 +122,14 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if len(opts.Schema) > 63 || len(opts.Table) > 63-len(acquireSuffix) {
 		return nil, fmt.Errorf("pgstore: %w: schema or table name too long for Postgres (63 bytes; the table's acquire function adds %d to the table's)", backends.ErrInvalidOptions, len(acquireSuffix))
 	}
-	table := pgx.Identifier{opts.Schema, opts.Table}.Sanitize()
-	live := pgx.Identifier{opts.Schema, liveFunc}.Sanitize()
-	acquire := pgx.Identifier{opts.Schema, opts.Table + acquireSuffix}.Sanitize()
-	until := untilSQL("")
-	// inProgress holds for a row whose lease is live.
-	inProgress := `state = 1 AND lease_expires_at > now() AND ` + live + `(forget_at)`
-	vars := map[string]string{
-		"Live":       live,
-		"Acquire":    acquire,
-		"Schema":     pgx.Identifier{opts.Schema}.Sanitize(),
-		"Table":      table,
-		"Index":      pgx.Identifier{opts.Table + indexSuffix}.Sanitize(),
-		"Acquirable": acquirableSQL,
-		"Reentrant":  reentrantSQL,
-		"Until":      untilR,
-		"Unlogged":   "",
+	data := newSQLData(opts)
+	sql, err := render(data)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
 	}
-	if opts.Unlogged {
-		vars["Unlogged"] = "UNLOGGED"
-	}
-	render := func(src string) string {
-		var b strings.Builder
-		template.Must(template.New("").Parse(src)).Execute(&b, vars) // fixed templates: cannot fail
-		return b.String()
-	}
-	held := `key = $1 AND owner = $2 AND token = $3 AND state = 1 AND ` + live + `(forget_at)`
-	// A statement that ends a lease or deletes a record notifies the
-	// key's watchers if a watch marked its row (waited), in the same
-	// statement, on the row as it locked it; an UPDATE clears the mark as
-	// it notifies. A row nobody watched sends nothing.
-	channel := channelName(table)
-	clearWaited := `waited = CASE WHEN waited THEN ` + notifySQL(channel, false) + ` ELSE false END`
-	notified := `CASE WHEN waited THEN ` + notifySQL(channel, true) + ` END AS notified`
-	s := &Store{pool: pool, opts: opts, poolSize: int(pool.Config().MaxConns), channel: channel, sql: statements{
-		schema:    render(schemaSQL),
-		functions: render(acquireSQL),
-		// Whether the table, the columns added since its first release,
-		// its index and the liveness function exist, and whether the
-		// acquire function does with this version's body ($1): then
-		// Migrate has nothing to do and takes no lock.
-		current: `SELECT to_regclass(` + quoteLiteral(pgx.Identifier{opts.Schema, opts.Table + indexSuffix}.Sanitize()) + `) IS NOT NULL
-			AND to_regprocedure(` + quoteLiteral(live+`(timestamptz)`) + `) IS NOT NULL
-			AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(` + quoteLiteral(table) + `)
-				AND attname IN (` + addedColumns + `) AND NOT attisdropped) = ` + fmt.Sprint(strings.Count(addedColumns, ",")+1) + `,
-			coalesce((SELECT prosrc = $1 FROM pg_proc WHERE oid = to_regprocedure(` + quoteLiteral(acquire+acquireArgs) + `)), false)`,
-		acquire: `SELECT * FROM ` + acquire + `($1, $2, $3, $4, $5, $6)`,
-		renew: `UPDATE ` + table + ` SET lease_expires_at = now() + $4::bigint * interval '1 microsecond',
-			forget_at = now() + ($4::bigint + retention_us) * interval '1 microsecond' WHERE ` + held,
-		// forget_at moves only for a completion after the lease's end.
-		complete: `UPDATE ` + table + ` SET state = 3, completed_at = now(), output = $4,
-			forget_at = greatest(forget_at, now() + retention_us * interval '1 microsecond'), ` + clearWaited + ` WHERE ` + held,
-		release: `UPDATE ` + table + ` SET state = 2,
-			forget_at = now() + retention_us * interval '1 microsecond', ` + clearWaited + ` WHERE ` + held,
-		inspect: `SELECT ` + recordColumns + ` FROM ` + table + ` WHERE key = $1 AND ` + live + `(` + until + `)`,
-		list: `SELECT ` + recordColumns + ` FROM ` + table + `
-			WHERE ` + until + ` > now() AND key > $1 AND key >= $2 AND ($3::bytea IS NULL OR key < $3) AND ` + stateFilter + `
-			ORDER BY key LIMIT $5`,
-		count: `SELECT count(*) FILTER (WHERE state = 1 AND lease_expires_at > now()),
-				count(*) FILTER (WHERE state = 1 AND lease_expires_at <= now()),
-				count(*) FILTER (WHERE state = 2), count(*) FILTER (WHERE state = 3),
-				min(acquired_at) FILTER (WHERE state = 1 AND lease_expires_at > now())
-			FROM ` + table + ` WHERE ` + until + ` > now() AND key >= $1 AND ($2::bytea IS NULL OR key < $2)`,
-		// The function's answer is not needed here, only its cost.
-		delete: `WITH d AS (DELETE FROM ` + table + ` WHERE key = $1 AND ` + live + `(` + until + `) IS NOT NULL RETURNING ` + until + ` > now() AS live, ` + notified + `)
-			SELECT count(*) FILTER (WHERE live), count(notified) FROM d`,
-		cleanup: `WITH d AS (DELETE FROM ` + table + ` WHERE key IN (SELECT key FROM ` + table + `
-			WHERE forget_at <= now() ORDER BY forget_at LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING ` + notified + `)
-			SELECT count(*), count(notified) FROM d`,
-		// Only a lease in progress is marked, and only if it is not yet;
-		// the second column is the mark as the statement's snapshot saw
-		// it, NULL if the key held no lease in progress.
-		watch: `WITH u AS (UPDATE ` + table + ` SET waited = true WHERE key = $1 AND NOT waited AND ` + inProgress + ` RETURNING true)
-			SELECT EXISTS (SELECT FROM u), (SELECT waited FROM ` + table + ` WHERE key = $1 AND ` + inProgress + `)`,
-	}}
+	s := &Store{pool: pool, opts: opts, sql: sql, poolSize: int(pool.Config().MaxConns), channel: data.Channel}
 	if opts.Wake == WakeNotify {
-		s.listener = newListener(pool, channel)
+		s.listener = newListener(pool, data.Channel, sql.listen, sql.ping)
 	}
 	s.batcher = newBatcher(pool, max(1, s.poolSize/4))
 	return s, nil
@@ -246,13 +139,19 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 // middleware lets new acquisitions take at most half of it by default.
 func (s *Store) PoolSize() int { return s.poolSize }
 
-// Schema returns the SQL that Migrate runs: the schema, the table and its
-// index, each created if it does not exist, the columns added since to a
-// table of an earlier release, and the functions the store's statements
-// call, created or replaced. Give it to an external migration tool
-// instead of calling Migrate, and run it again after an upgrade of this
-// package: a release may add to it (docs/upgrading.md).
-func (s *Store) Schema() string { return s.sql.schema + "\n\n" + s.sql.functions }
+// MigrationSQL returns the SQL that Migrate runs: the schema, the table
+// and its index, each created if it does not exist, the columns added
+// since to a table of an earlier release, and the functions the store's
+// statements call, created or replaced. Give it to an external migration
+// tool instead of calling Migrate, and run it again after an upgrade of
+// this package: a release may add to it (docs/upgrading.md).
+func (s *Store) MigrationSQL() string { return s.sql.schema + "\n\n" + s.sql.functions }
+
+// Schema returns the same SQL as [Store.MigrationSQL]. It is named like
+// [Options.Schema], which is a schema's name, not SQL.
+//
+// Deprecated: use MigrationSQL.
+func (s *Store) Schema() string { return s.MigrationSQL() }
 
 // Options returns the store's options with defaults applied.
 func (s *Store) Options() Options { return s.opts }
@@ -330,10 +229,10 @@ func (s *Store) migrate(ctx context.Context, schema bool) error {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLockID)); err != nil {
+	if _, err := tx.Exec(ctx, s.sql.lock, int64(migrationLockID)); err != nil {
 		return fmt.Errorf("pgstore: migrate: lock: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = `+quoteLiteral(fmt.Sprintf("%dms", MigrateLockTimeout.Milliseconds()))); err != nil {
+	if _, err := tx.Exec(ctx, s.sql.lockTimeout); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	if schema {
@@ -420,17 +319,17 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	}
 	res := backends.AcquireResult{Fingerprint: nilIfEmpty(fp)}
 	switch {
-	case state == 3:
+	case state == stateCompleted:
 		res.Status = backends.Completed
 		if completedAt != nil {
 			res.CompletedAt = *completedAt
 		}
 		res.Output = nilIfEmpty(output)
-	case state == 1 && owner == req.Owner:
+	case state == stateInProgress && owner == req.Owner:
 		res.Status = backends.Acquired
-		res.Lease = backends.Lease{Key: req.Key, Owner: owner, Token: token, Attempt: int(attempt), Takeover: how == 1}
-		res.Reentrant = how == 2
-	case state == 1:
+		res.Lease = backends.Lease{Key: req.Key, Owner: owner, Token: token, Attempt: int(attempt), Takeover: how == howTakeover}
+		res.Reentrant = how == howReentrant
+	case state == stateInProgress:
 		res.Status = backends.InProgress
 		res.Remaining = leaseExp.Sub(now)
 	default:
@@ -547,15 +446,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 	return rec, nil
 }
 
-// recordColumns are the columns scanRecord reads, in order: the lease's
-// end is the completion for a completed record and the release for a
-// released one, which is kept for its retention from then; the eighth
-// column is when the record stops counting.
-var recordColumns = `key, state, owner, token, attempt,
-	CASE state WHEN 3 THEN completed_at WHEN 2 THEN forget_at - retention_us * interval '1 microsecond' ELSE lease_expires_at END,
-	completed_at, ` + untilSQL("") + `, fingerprint, output, now(), acquired_at, origin`
-
-// scanRecord reads a row of recordColumns.
+// scanRecord reads a row of the "record columns" (statements.sql).
 func scanRecord(row pgx.Row) (backends.Record, error) {
 	var (
 		key                     []byte
@@ -581,12 +472,12 @@ func scanRecord(row pgx.Row) (backends.Record, error) {
 		rec.Origin = *origin
 	}
 	switch {
-	case state == 3:
+	case state == stateCompleted:
 		rec.State = backends.StateCompleted
 		if completedAt != nil {
 			rec.CompletedAt = *completedAt
 		}
-	case state == 2:
+	case state == stateReleased:
 		rec.State = backends.StateReleased
 	case rec.LeaseExpiresAt.After(now):
 		rec.State = backends.StateInProgress
@@ -637,6 +528,3 @@ func (s *Store) Cleanup(ctx context.Context, batch int) (int64, error) {
 func (s *Store) RunCleaner(ctx context.Context, interval time.Duration, batch int, onError func(error)) error {
 	return storekit.RunCleaner(ctx, interval, batch, onError, s.Cleanup)
 }
-
-// quoteLiteral quotes s as an SQL string literal.
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -1,5 +1,6 @@
-{{- /* The idempotency records: a template. .Table is the quoted,
-schema-qualified table name; .Unlogged is UNLOGGED or empty. Every
+{{- /* The idempotency records: a template (see statements.sql). .Table is
+the quoted, schema-qualified table name; .Unlogged is UNLOGGED or empty;
+.State and .How hold the codes of the state and how columns. Every
 statement is idempotent. */ -}}
 -- The idempotency middleware's records (backends/pgstore). Idempotent.
 CREATE SCHEMA IF NOT EXISTS {{.Schema}};
@@ -7,12 +8,12 @@ CREATE SCHEMA IF NOT EXISTS {{.Schema}};
 {{/* snippet:schema */ -}}
 CREATE {{.Unlogged}} TABLE IF NOT EXISTS {{.Table}} (
     key              bytea       PRIMARY KEY,
-    state            smallint    NOT NULL,           -- 1 leased, 2 released, 3 completed
+    state            smallint    NOT NULL,           -- {{.State.InProgress}} leased, {{.State.Released}} released, {{.State.Completed}} completed
     owner            text        NOT NULL,
     origin           text,                           -- what acquired the lease (AcquireRequest.Origin)
     token            bigint      NOT NULL,           -- fencing token
     attempt          integer     NOT NULL,
-    how              smallint    NOT NULL DEFAULT 0, -- how the lease was taken: 0 fresh, 1 takeover, 2 re-entrant
+    how              smallint    NOT NULL DEFAULT {{.How.Fresh}}, -- how the lease was taken: {{.How.Fresh}} fresh, {{.How.Takeover}} takeover, {{.How.Reentrant}} re-entrant
     acquired_at      timestamptz,                    -- when the lease was acquired
     lease_expires_at timestamptz NOT NULL,
     retention_us     bigint      NOT NULL,
@@ -43,6 +44,6 @@ CREATE INDEX IF NOT EXISTS {{.Index}} ON {{.Table}} (forget_at);
 -- every row it reads, and costs accordingly. Without it, a prepared
 -- statement's generic plan made while the table was small and analyzed
 -- empty stays a sequential scan as the table grows.
-CREATE OR REPLACE FUNCTION {{.Schema}}.idempotency_live(forget_at timestamptz) RETURNS boolean
+CREATE OR REPLACE FUNCTION {{.Live}}(forget_at timestamptz) RETURNS boolean
     LANGUAGE plpgsql STABLE PARALLEL SAFE COST 10000
     AS $$BEGIN RETURN forget_at > pg_catalog.now(); END$$;

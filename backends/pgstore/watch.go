@@ -52,17 +52,6 @@ func payloadOf(key string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// notifySQL sends the notification of the row's key on channel and
-// evaluates to then (true or false): pg_notify returns void, which is
-// never NULL.
-func notifySQL(channel string, then bool) string {
-	test := `IS NULL`
-	if then {
-		test = `IS NOT NULL`
-	}
-	return `pg_notify('` + channel + `', md5(key)) ` + test
-}
-
 // Watch implements [backends.Watcher] with LISTEN/NOTIFY. It marks the
 // row of the key's lease in progress as waited for (the waited column)
 // and returns once that is committed and the store's listener is
@@ -156,7 +145,10 @@ func (s *Store) Close() error {
 type listener struct {
 	pool    *pgxpool.Pool
 	channel string
-	idle    time.Duration
+	// listen is the LISTEN statement, ping the same as a comment, so
+	// that pg_stat_activity shows the connection's purpose either way.
+	listen, ping string
+	idle         time.Duration
 
 	mu     sync.Mutex
 	state  listenState
@@ -179,8 +171,8 @@ const (
 	closed
 )
 
-func newListener(pool *pgxpool.Pool, channel string) *listener {
-	return &listener{pool: pool, channel: channel, idle: listenIdle}
+func newListener(pool *pgxpool.Pool, channel, listen, ping string) *listener {
+	return &listener{pool: pool, channel: channel, listen: listen, ping: ping, idle: listenIdle}
 }
 
 // add registers a watch of the key with payload id while the listener
@@ -287,10 +279,6 @@ func (l *listener) run(ctx context.Context) {
 	}
 }
 
-// listenSQL is the LISTEN statement. The connection is pinged with it
-// as a comment, so pg_stat_activity shows its purpose either way.
-func (l *listener) listenSQL() string { return `LISTEN ` + pgx.Identifier{l.channel}.Sanitize() }
-
 // connect takes a connection out of the pool and listens on it.
 func (l *listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, listenConnect)
@@ -300,7 +288,7 @@ func (l *listener) connect(ctx context.Context) (*pgx.Conn, error) {
 		return nil, err
 	}
 	conn := pc.Hijack()
-	if _, err := conn.Exec(ctx, l.listenSQL()); err != nil {
+	if _, err := conn.Exec(ctx, l.listen); err != nil {
 		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = conn.Close(closeCtx)
@@ -326,7 +314,7 @@ func (l *listener) serve(ctx context.Context, conn *pgx.Conn) {
 			}
 		case idle && !conn.IsClosed():
 			ping, cancel := context.WithTimeout(ctx, listenPing)
-			_, err := conn.Exec(ping, "-- "+l.listenSQL())
+			_, err := conn.Exec(ping, l.ping)
 			cancel()
 			if err != nil {
 				return

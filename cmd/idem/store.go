@@ -114,9 +114,9 @@ type operatorStore interface {
 }
 
 // sqlStore is what `idem pg` and `idem mysql` need from their store.
+// (printSchema takes each store's SQL from its own type.)
 type sqlStore interface {
 	Migrate(ctx context.Context) error
-	Schema() string
 	Cleanup(ctx context.Context, batch int) (int64, error)
 }
 
@@ -604,7 +604,7 @@ func printSchema(e *env) error {
 			return err
 		}
 		defer pool.Close()
-		schema = s.Schema()
+		schema = s.MigrationSQL()
 	}
 	_, err := fmt.Fprintln(e.stdout, strings.TrimSpace(schema))
 	return err
