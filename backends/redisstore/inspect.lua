@@ -2,19 +2,13 @@
 -- the server's time and the key's expiry (ms since the epoch, -1 for
 -- none), or false if it has no record: layout 2 is followed by the record
 -- (see acquire.lua), layout 1 (0.1.0's hash) by field, value, ...
+-- prelude.lua comes before this script.
 local t = redis.call('TIME')
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind == 'none' then
   return false
 end
-local at = redis.pcall('PEXPIRETIME', KEYS[1]) -- Redis 7.0 and later
-if type(at) ~= 'number' then
-  at = redis.call('PTTL', KEYS[1])
-  if at >= 0 then
-    at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + at
-  end
-end
-local out = {2, t[1], t[2], at}
+local out = {2, t[1], t[2], expiresAt(t)}
 if kind == 'hash' then
   out[1] = 1
   local fields = redis.call('HGETALL', KEYS[1])

@@ -23,8 +23,8 @@ var (
 )
 
 var (
-	//go:embed acquired.lua
-	acquiredSrc string
+	//go:embed prelude.lua
+	preludeSrc string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed renew.lua
@@ -38,11 +38,14 @@ var (
 	//go:embed delete.lua
 	deleteSrc string
 
-	acquireScript  = redis.NewScript(acquiredSrc + acquireSrc)
-	renewScript    = redis.NewScript(acquiredSrc + renewSrc)
-	completeScript = redis.NewScript(acquiredSrc + completeSrc)
-	releaseScript  = redis.NewScript(acquiredSrc + releaseSrc)
-	inspectScript  = redis.NewScript(inspectSrc)
+	// The scripts but delete.lua share the local functions of
+	// prelude.lua: Redis keeps no library between scripts (FUNCTION LOAD
+	// needs Redis 7.0), so each script carries them.
+	acquireScript  = redis.NewScript(preludeSrc + acquireSrc)
+	renewScript    = redis.NewScript(preludeSrc + renewSrc)
+	completeScript = redis.NewScript(preludeSrc + completeSrc)
+	releaseScript  = redis.NewScript(preludeSrc + releaseSrc)
+	inspectScript  = redis.NewScript(preludeSrc + inspectSrc)
 	deleteScript   = redis.NewScript(deleteSrc)
 )
 
