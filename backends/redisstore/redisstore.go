@@ -333,11 +333,14 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 	if err != nil {
 		return backends.Record{}, opError(ctx, "inspect", err)
 	}
-	return parseRecord(key, vals)
+	return parseRecord(key, vals, false)
 }
 
-// parseRecord reads the reply of inspect.lua for key.
-func parseRecord(key string, vals []any) (backends.Record, error) {
+// parseRecord reads the reply of inspect.lua for key: with header, of the
+// script run with 'header' (Count's), whose record has its state, fencing
+// token, owner, attempt, lease and expiry, and when the lease was
+// acquired, but no origin, fingerprint or output.
+func parseRecord(key string, vals []any, header bool) (backends.Record, error) {
 	bad := func() (backends.Record, error) {
 		return backends.Record{}, fmt.Errorf("redisstore: inspect: unexpected reply of %d values", len(vals))
 	}
@@ -370,7 +373,7 @@ func parseRecord(key string, vals []any) (backends.Record, error) {
 		return bad()
 	}
 	v, _ := vals[4].(string)
-	rec, err := decodeRecord(v, false)
+	rec, err := decodeRecord(v, header)
 	if err != nil {
 		return backends.Record{}, fmt.Errorf("redisstore: inspect: %w: %w", backends.ErrRejected, err)
 	}
