@@ -45,13 +45,7 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 	keys = slices.Compact(keys) // SCAN may return a key twice
 	var c backends.Counts
 	for batch := range slices.Chunk(keys, scanBatch) {
-		cmds, err := s.pipelined(ctx, func(p redis.Pipeliner) []*redis.Cmd {
-			out := make([]*redis.Cmd, len(batch))
-			for i, k := range batch {
-				out[i] = inspectScript.Eval(ctx, p, []string{s.prefix + k}, "header")
-			}
-			return out
-		})
+		cmds, err := s.evalEach(ctx, inspectScript, batch, "header")
 		if err != nil {
 			return backends.Counts{}, opError(ctx, "count", err)
 		}
@@ -71,13 +65,7 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 // inspectMany inspects keys in one pipeline and returns the records that
 // still exist, in the order of keys.
 func (s *Store) inspectMany(ctx context.Context, keys []string) ([]backends.Record, error) {
-	cmds, err := s.pipelined(ctx, func(p redis.Pipeliner) []*redis.Cmd {
-		out := make([]*redis.Cmd, len(keys))
-		for i, k := range keys {
-			out[i] = inspectScript.Eval(ctx, p, []string{s.prefix + k})
-		}
-		return out
-	})
+	cmds, err := s.evalEach(ctx, inspectScript, keys)
 	if err != nil {
 		return nil, opError(ctx, "list", err)
 	}
@@ -99,20 +87,45 @@ func (s *Store) inspectMany(ctx context.Context, keys []string) ([]backends.Reco
 	return recs, nil
 }
 
-// pipelined sends the commands fn queues in one pipeline (split by slot on
-// a Cluster) and returns them; a command's own error (such as redis.Nil)
-// is left on the command.
-func (s *Store) pipelined(ctx context.Context, fn func(p redis.Pipeliner) []*redis.Cmd) ([]*redis.Cmd, error) {
-	p := s.client.Pipeline()
-	cmds := fn(p)
-	if _, err := p.Exec(ctx); err != nil {
-		for _, c := range cmds {
-			if e := c.Err(); e != nil && !errors.Is(e, redis.Nil) {
-				return nil, e
+// evalEach runs script on each of keys (without the store's prefix), with
+// args, in one pipeline (split by slot on a Cluster), and returns the
+// calls in the order of keys; a call's own redis.Nil is left on it. The
+// calls go as EVALSHA, as the store's other calls do: a script is several
+// kilobytes (prelude.lua and its own), and EVAL would send it, and the
+// server hash it, once per key. The calls that find a server without the
+// script go again as EVAL, in a second pipeline.
+func (s *Store) evalEach(ctx context.Context, script *redis.Script, keys []string, args ...any) ([]*redis.Cmd, error) {
+	cmds := make([]*redis.Cmd, len(keys))
+	todo := make([]int, len(keys))
+	for i := range todo {
+		todo[i] = i
+	}
+	for eval := false; ; eval = true {
+		p := s.client.Pipeline()
+		for _, i := range todo {
+			k := []string{s.prefix + keys[i]}
+			if eval {
+				cmds[i] = script.Eval(ctx, p, k, args...)
+			} else {
+				cmds[i] = script.EvalSha(ctx, p, k, args...)
 			}
 		}
+		_, _ = p.Exec(ctx) // each call has its own error, the pipeline's if it failed
+		retry := todo[:0]
+		for _, i := range todo {
+			switch err := cmds[i].Err(); {
+			case err == nil || errors.Is(err, redis.Nil):
+			case !eval && noScript(err):
+				retry = append(retry, i)
+			default:
+				return nil, err
+			}
+		}
+		if len(retry) == 0 {
+			return cmds, nil
+		}
+		todo = retry
 	}
-	return cmds, nil
 }
 
 // scan returns the keys (without the store's prefix) of every record whose
