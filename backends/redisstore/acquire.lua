@@ -22,7 +22,7 @@
 -- acquisition was that expiry less the retention less the TTL, and
 -- neither the client (the fast path) nor this script reads the clock to
 -- write it. Renew, Complete, Release and a re-entrant Acquire write the
--- time before they move the expiry (acquired.lua); it is empty for a
+-- time before they move the expiry (acquiredAt in prelude.lua); it is empty for a
 -- record taken over from 0.1.0, which did not keep it.
 local key = KEYS[1]
 local owner, ttl, retention, fp, px, origin = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
@@ -42,8 +42,7 @@ if type(v) == 'table' then
   -- A record of 0.1.0: answered from the hash; a lease taken on it
   -- replaces it (SET) with a record in the new layout and the next
   -- fencing token.
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = millis(redis.call('TIME'))
   local r = redis.call('HMGET', key, 's', 'o', 't', 'a', 'le', 'f', 'r', 'ca', 'out')
   local state, f = r[1], r[6] or ''
   if f == '' and fp ~= '' then

@@ -5,40 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
-
-// stateScript returns what Count needs of KEYS[1], without the
-// record's output: {layout, seconds, microseconds, expiry (ms since the
-// epoch, -1 for none), the record's first bytes} (layout 2), {layout, seconds, microseconds, s,
-// le} for a 0.1.0 hash (layout 1), or false if it has no record. The
-// first 512 bytes of a record hold its state, token, owner, attempt,
-// retention and acquisition time.
-var stateScript = redis.NewScript(`
-local t = redis.call('TIME')
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'hash' then
-  local v = redis.call('HMGET', KEYS[1], 's', 'le')
-  return {1, t[1], t[2], v[1] or false, v[2] or false}
-end
-if kind == 'none' then
-  return false
-end
-local at = redis.pcall('PEXPIRETIME', KEYS[1])
-if type(at) ~= 'number' then
-  at = redis.call('PTTL', KEYS[1])
-  if at >= 0 then
-    at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + at
-  end
-end
-return {2, t[1], t[2], at, redis.call('GETRANGE', KEYS[1], 0, 511)}`)
 
 // scanBatch is the COUNT hint of each SCAN, and the most keys sent in one
 // pipeline.
@@ -60,7 +33,9 @@ func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.Li
 	return storekit.Page(ctx, req, keys, scanBatch, s.inspectMany)
 }
 
-// Count implements [backends.Lister], scanning as List does.
+// Count implements [backends.Lister], scanning as List does. It inspects
+// the records with inspect.lua's 'header', which reads no record's
+// output.
 func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, error) {
 	keys, err := s.scan(ctx, storekit.ListPrefix(namespace))
 	if err != nil {
@@ -70,64 +45,27 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 	keys = slices.Compact(keys) // SCAN may return a key twice
 	var c backends.Counts
 	for batch := range slices.Chunk(keys, scanBatch) {
-		cmds, err := s.pipelined(ctx, func(p redis.Pipeliner) []*redis.Cmd {
-			out := make([]*redis.Cmd, len(batch))
-			for i, k := range batch {
-				out[i] = stateScript.Eval(ctx, p, []string{s.prefix + k})
-			}
-			return out
-		})
+		cmds, err := s.evalEach(ctx, inspectScript, batch, "header")
 		if err != nil {
 			return backends.Counts{}, opError(ctx, "count", err)
 		}
-		for _, cmd := range cmds {
+		for i, cmd := range cmds {
 			vals, err := cmd.Slice()
-			if err != nil || len(vals) != 5 {
+			if err != nil {
 				continue // gone since the scan
 			}
-			if st, acquired, ok := countedState(vals); ok {
-				storekit.AddCount(&c, st, acquired)
+			if rec, err := parseRecord(batch[i], vals, true); err == nil { // else not a record
+				storekit.AddCount(&c, rec.State, rec.AcquiredAt)
 			}
 		}
 	}
 	return c, nil
 }
 
-// countedState reads a reply of stateScript: the record's state and when
-// its lease was acquired (zero for a 0.1.0 hash, which did not keep it);
-// not ok for a string that is not a record.
-func countedState(vals []any) (backends.State, time.Time, bool) {
-	layout, _ := vals[0].(int64)
-	now, ok := serverTime(vals[1], vals[2])
-	if !ok {
-		return 0, time.Time{}, false
-	}
-	if layout == 1 {
-		st, _ := vals[3].(string)
-		le, _ := vals[4].(string)
-		leMs, _ := strconv.ParseInt(le, 10, 64)
-		return legacyState(st, time.UnixMilli(leMs), now), time.Time{}, true
-	}
-	at, _ := vals[3].(int64)
-	v, _ := vals[4].(string)
-	rec, err := decodeRecord(v, true)
-	if err != nil {
-		return 0, time.Time{}, false
-	}
-	_, st := leaseState(rec, now, at)
-	return st, rec.acquiredAt(at), true
-}
-
 // inspectMany inspects keys in one pipeline and returns the records that
 // still exist, in the order of keys.
 func (s *Store) inspectMany(ctx context.Context, keys []string) ([]backends.Record, error) {
-	cmds, err := s.pipelined(ctx, func(p redis.Pipeliner) []*redis.Cmd {
-		out := make([]*redis.Cmd, len(keys))
-		for i, k := range keys {
-			out[i] = inspectScript.Eval(ctx, p, []string{s.prefix + k})
-		}
-		return out
-	})
+	cmds, err := s.evalEach(ctx, inspectScript, keys)
 	if err != nil {
 		return nil, opError(ctx, "list", err)
 	}
@@ -140,7 +78,7 @@ func (s *Store) inspectMany(ctx context.Context, keys []string) ([]backends.Reco
 		if err != nil {
 			return nil, opError(ctx, "list", err)
 		}
-		rec, err := parseRecord(keys[i], vals)
+		rec, err := parseRecord(keys[i], vals, false)
 		if err != nil {
 			return nil, err
 		}
@@ -149,20 +87,45 @@ func (s *Store) inspectMany(ctx context.Context, keys []string) ([]backends.Reco
 	return recs, nil
 }
 
-// pipelined sends the commands fn queues in one pipeline (split by slot on
-// a Cluster) and returns them; a command's own error (such as redis.Nil)
-// is left on the command.
-func (s *Store) pipelined(ctx context.Context, fn func(p redis.Pipeliner) []*redis.Cmd) ([]*redis.Cmd, error) {
-	p := s.client.Pipeline()
-	cmds := fn(p)
-	if _, err := p.Exec(ctx); err != nil {
-		for _, c := range cmds {
-			if e := c.Err(); e != nil && !errors.Is(e, redis.Nil) {
-				return nil, e
+// evalEach runs script on each of keys (without the store's prefix), with
+// args, in one pipeline (split by slot on a Cluster), and returns the
+// calls in the order of keys; a call's own redis.Nil is left on it. The
+// calls go as EVALSHA, as the store's other calls do: a script is several
+// kilobytes (prelude.lua and its own), and EVAL would send it, and the
+// server hash it, once per key. The calls that find a server without the
+// script go again as EVAL, in a second pipeline.
+func (s *Store) evalEach(ctx context.Context, script *redis.Script, keys []string, args ...any) ([]*redis.Cmd, error) {
+	cmds := make([]*redis.Cmd, len(keys))
+	todo := make([]int, len(keys))
+	for i := range todo {
+		todo[i] = i
+	}
+	for eval := false; ; eval = true {
+		p := s.client.Pipeline()
+		for _, i := range todo {
+			k := []string{s.prefix + keys[i]}
+			if eval {
+				cmds[i] = script.Eval(ctx, p, k, args...)
+			} else {
+				cmds[i] = script.EvalSha(ctx, p, k, args...)
 			}
 		}
+		_, _ = p.Exec(ctx) // each call has its own error, the pipeline's if it failed
+		retry := todo[:0]
+		for _, i := range todo {
+			switch err := cmds[i].Err(); {
+			case err == nil || errors.Is(err, redis.Nil):
+			case !eval && noScript(err):
+				retry = append(retry, i)
+			default:
+				return nil, err
+			}
+		}
+		if len(retry) == 0 {
+			return cmds, nil
+		}
+		todo = retry
 	}
-	return cmds, nil
 }
 
 // scan returns the keys (without the store's prefix) of every record whose

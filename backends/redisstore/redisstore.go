@@ -23,8 +23,8 @@ var (
 )
 
 var (
-	//go:embed acquired.lua
-	acquiredSrc string
+	//go:embed prelude.lua
+	preludeSrc string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed renew.lua
@@ -38,11 +38,14 @@ var (
 	//go:embed delete.lua
 	deleteSrc string
 
-	acquireScript  = redis.NewScript(acquiredSrc + acquireSrc)
-	renewScript    = redis.NewScript(acquiredSrc + renewSrc)
-	completeScript = redis.NewScript(acquiredSrc + completeSrc)
-	releaseScript  = redis.NewScript(acquiredSrc + releaseSrc)
-	inspectScript  = redis.NewScript(inspectSrc)
+	// The scripts but delete.lua share the local functions of
+	// prelude.lua: Redis keeps no library between scripts (FUNCTION LOAD
+	// needs Redis 7.0), so each script carries them.
+	acquireScript  = redis.NewScript(preludeSrc + acquireSrc)
+	renewScript    = redis.NewScript(preludeSrc + renewSrc)
+	completeScript = redis.NewScript(preludeSrc + completeSrc)
+	releaseScript  = redis.NewScript(preludeSrc + releaseSrc)
+	inspectScript  = redis.NewScript(preludeSrc + inspectSrc)
 	deleteScript   = redis.NewScript(deleteSrc)
 )
 
@@ -330,11 +333,14 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 	if err != nil {
 		return backends.Record{}, opError(ctx, "inspect", err)
 	}
-	return parseRecord(key, vals)
+	return parseRecord(key, vals, false)
 }
 
-// parseRecord reads the reply of inspect.lua for key.
-func parseRecord(key string, vals []any) (backends.Record, error) {
+// parseRecord reads the reply of inspect.lua for key: with header, of the
+// script run with 'header' (Count's), whose record has its state, fencing
+// token, owner, attempt, lease and expiry, and when the lease was
+// acquired, but no origin, fingerprint or output.
+func parseRecord(key string, vals []any, header bool) (backends.Record, error) {
 	bad := func() (backends.Record, error) {
 		return backends.Record{}, fmt.Errorf("redisstore: inspect: unexpected reply of %d values", len(vals))
 	}
@@ -367,7 +373,7 @@ func parseRecord(key string, vals []any) (backends.Record, error) {
 		return bad()
 	}
 	v, _ := vals[4].(string)
-	rec, err := decodeRecord(v, false)
+	rec, err := decodeRecord(v, header)
 	if err != nil {
 		return backends.Record{}, fmt.Errorf("redisstore: inspect: %w: %w", backends.ErrRejected, err)
 	}

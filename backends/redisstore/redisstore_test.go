@@ -268,6 +268,30 @@ func TestScriptFlushIsHarmless(t *testing.T) {
 	require.Equal(t, backends.StateCompleted, rec.State)
 }
 
+// List and Count pipeline their scripts as EVALSHA: on a server that has
+// not loaded the script, or has flushed it, the calls go again as EVAL.
+func TestListAndCountAfterScriptFlush(t *testing.T) {
+	r := testserver.StartRedis(t)
+	client := clientWithHook(t, r.Addr(), nil)
+	s := newStore(t, client)
+	ctx := context.Background()
+	for _, k := range []string{"ns:a", "ns:b"} {
+		_, err := s.Acquire(ctx, backends.AcquireRequest{Key: k, Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
+		require.NoError(t, err)
+	}
+
+	require.NoError(t, client.ScriptFlush(ctx).Err())
+	page, err := s.List(ctx, backends.ListRequest{Namespace: "ns", Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, page.Records, 2)
+	require.Equal(t, "ns:a", page.Records[0].Key)
+	require.Equal(t, backends.StateInProgress, page.Records[1].State)
+	require.NoError(t, client.ScriptFlush(ctx).Err())
+	counts, err := s.Count(ctx, "ns")
+	require.NoError(t, err)
+	require.EqualValues(t, 2, counts.InProgress)
+}
+
 // A hung server (paused with SIGSTOP): every call returns by its context's
 // deadline with an error, none hangs.
 func TestHungServerHonoursContextDeadline(t *testing.T) {
