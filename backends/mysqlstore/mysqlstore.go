@@ -353,12 +353,18 @@ func (s *Store) PoolSize() int { return s.db.Stats().MaxOpenConnections }
 // Options returns the store's options with defaults applied.
 func (s *Store) Options() Options { return s.opts }
 
-// Schema returns the SQL that creates the table, for an external
-// migration tool. A table of an earlier release also needs the columns
-// Migrate adds to it; docs/upgrading.md gives the ALTER TABLE.
-func (s *Store) Schema() string {
+// MigrationSQL returns the SQL that creates the table, for an external
+// migration tool: the statement Migrate runs first, ended with ';'. A
+// table of an earlier release also needs the columns Migrate adds to it;
+// docs/upgrading.md gives the ALTER TABLE.
+func (s *Store) MigrationSQL() string {
 	return strings.TrimRight(s.sql.schema.sql, "\n") + ";\n"
 }
+
+// Schema returns what [Store.MigrationSQL] returns.
+//
+// Deprecated: use MigrationSQL, the name pgstore has for it too.
+func (s *Store) Schema() string { return s.MigrationSQL() }
 
 // Migrate creates the table if it does not exist, and adds to a table of
 // an earlier release the columns added since (origin, acquired_us). It
