@@ -78,7 +78,7 @@ type Options struct {
 type Store struct {
 	db   *sql.DB
 	opts Options
-	data sqlData // what the statements were rendered with
+	data sqlData // what the statements were rendered with, for "add columns"; Now and Until unset
 	sql  statements
 
 	mu     sync.Mutex
