@@ -17,14 +17,14 @@ func AcquireUpsert(s *Store) (query string, names []string) {
 // lease, its owner and token.
 func KeyStatements(s *Store) map[string]string {
 	return map[string]string{
-		"acquire read": s.sql.acquireRead,
-		"still held":   s.sql.stillHeld,
-		"inspect":      s.sql.inspect,
-		"delete live":  s.sql.deleteLive,
-		"delete any":   s.sql.deleteAny,
+		"acquire read": s.sql.acquireRead.sql,
+		"still held":   s.sql.stillHeld.sql,
+		"inspect":      s.sql.inspect.sql,
+		"delete live":  s.sql.deleteLive.sql,
+		"delete any":   s.sql.deleteAny.sql,
 		// The lease's updates bind their own values first.
-		"renew":    s.sql.renew,
-		"complete": s.sql.complete,
-		"release":  s.sql.release,
+		"renew":    s.sql.renew.sql,
+		"complete": s.sql.complete.sql,
+		"release":  s.sql.release.sql,
 	}
 }

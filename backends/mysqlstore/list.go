@@ -8,14 +8,24 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
-// stateFilter keeps the rows in the state of its two parameters (a
-// backends.State; 0 for any), judged by the server's clock as Inspect
-// judges them.
-const stateFilter = `CASE ? WHEN 0 THEN TRUE
-	WHEN 1 THEN state = 1 AND lease_expires_us > ` + now + `
-	WHEN 2 THEN state = 1 AND lease_expires_us <= ` + now + `
-	WHEN 3 THEN state = 2
-	ELSE state = 3 END`
+// listFilter translates a backends.State into what List's statement
+// keeps: records whose state column holds state (nil: any), and, for a
+// lease in progress, whether it must be live or expired (nil: either),
+// judged by the server's clock as Inspect judges it. The zero State keeps
+// every record.
+func listFilter(s backends.State) (state, live any) {
+	switch s {
+	case backends.StateInProgress:
+		return stateInProgress, true
+	case backends.StateExpired:
+		return stateInProgress, false
+	case backends.StateReleased:
+		return stateReleased, nil
+	case backends.StateCompleted:
+		return stateCompleted, nil
+	}
+	return nil, nil
+}
 
 // List implements [backends.Lister]: keyset pagination on the table's
 // primary key, one range scan per page.
@@ -25,7 +35,9 @@ func (s *Store) List(ctx context.Context, req backends.ListRequest) (backends.Li
 	}
 	after, _ := storekit.ParseListCursor(req.Cursor)
 	lower, upper := storekit.ListRange(req.Namespace)
-	rows, err := s.db.QueryContext(ctx, s.sql.list, []byte(after), lower, nullable(upper), nullable(upper), int(req.State), req.Limit)
+	p := params{after: []byte(after), lower: lower, upper: nullable(upper), limit: req.Limit}
+	p.state, p.live = listFilter(req.State)
+	rows, err := s.db.QueryContext(ctx, s.sql.list.sql, s.sql.list.args(&p)...)
 	if err != nil {
 		return backends.ListPage{}, opError("list", err)
 	}
@@ -53,7 +65,7 @@ func (s *Store) Count(ctx context.Context, namespace string) (backends.Counts, e
 	lower, upper := storekit.ListRange(namespace)
 	var c backends.Counts
 	var oldest sql.NullInt64 // NULL without a lease in progress
-	err := s.db.QueryRowContext(ctx, s.sql.count, lower, nullable(upper), nullable(upper)).Scan(&c.InProgress, &c.Expired, &c.Released, &c.Completed, &oldest)
+	err := s.db.QueryRowContext(ctx, s.sql.count.sql, s.sql.count.args(&params{lower: lower, upper: nullable(upper)})...).Scan(&c.InProgress, &c.Expired, &c.Released, &c.Completed, &oldest)
 	if err != nil {
 		return backends.Counts{}, opError("count", err)
 	}

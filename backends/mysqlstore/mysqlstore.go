@@ -4,7 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
-	_ "embed"
+	"embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -76,15 +76,57 @@ type Options struct {
 // Store is a [backends.Store] on MySQL or MariaDB (InnoDB). Create it
 // with [New] and call [Store.Migrate] once before use.
 type Store struct {
-	db    *sql.DB
-	opts  Options
-	table string // quoted
-	sql   statements
+	db   *sql.DB
+	opts Options
+	data sqlData // what the statements were rendered with, for "add columns"; Now and Until unset
+	sql  statements
 
 	mu     sync.Mutex
 	flavor Flavor // detected, or opts.Flavor
 
 	prepared sync.Map // SQL → *sql.Stmt: the calls' statements, prepared once
+}
+
+// The state column's codes. They are stored in the table, and rows that
+// every release since the first wrote hold them: they must never change.
+const (
+	// stateInProgress is a lease: live until lease_expires_us, expired
+	// from then on.
+	stateInProgress = 1
+	// stateReleased is a lease its owner released.
+	stateReleased = 2
+	// stateCompleted is a completed key; completed_us says when.
+	stateCompleted = 3
+)
+
+// How an Acquire decided, in the how column (acquire.sql). They are
+// stored in the table: they must never change. An Acquire that changes
+// nothing leaves the column as it was; versions before this one wrote
+// howRefused there.
+const (
+	howFresh        = 0 // a new record, or one past its retention
+	howTakeover     = 1 // a takeover of an expired lease
+	howReentrant    = 2 // the owner's own lease again
+	howAfterRelease = 3 // a new lease after a release
+	howRefused      = 4 // nothing changed, as versions before this one wrote it
+	// howUnchanged is added to the old code while an upsert that changes
+	// nothing runs, and taken off again by its last assignment. It is
+	// larger than every code, so that how >= howUnchanged tells it apart.
+	howUnchanged = 8
+)
+
+// sqlData is what the SQL templates (schema.sql, acquire.sql,
+// statements.sql) are rendered with.
+type sqlData struct {
+	Table, Index string // quoted
+	// Now and Until are statements.sql's "now" and "until", rendered
+	// first: expressions that many statements share.
+	Now, Until string
+	State      struct{ InProgress, Released, Completed int }
+	How        struct{ Fresh, Takeover, Reentrant, AfterRelease, Unchanged int }
+	// Add is, for "add columns" only, the columns to add: each a name and
+	// its definition.
+	Add [][2]string
 }
 
 // statement is SQL with ? placeholders and the names of its parameters,
@@ -94,59 +136,173 @@ type statement struct {
 	names []string
 }
 
-type statements struct {
-	schema                              string
-	acquire                             statement
-	acquireReturning, acquireRead       string
-	renew, complete, release, stillHeld string
-	inspect, list, count                string
-	deleteLive, deleteAny, cleanup      string
-}
-
-var (
-	//go:embed schema.sql
-	schemaSQL string
-	//go:embed acquire.sql
-	acquireSQL string
-)
-
-// now is the server's clock in Unix microseconds: UTC_TIMESTAMP is fixed
-// for the statement and, unlike NOW(), does not depend on the session's
-// time zone.
-const now = `TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))`
-
-// until is the time until which a record counts: for a completed
-// record, its completion plus its retention; for any other, forget_us. A
-// completion within its lease leaves forget_us as Acquire set it, the
-// lease's end plus the retention (see the complete statement), so that
-// the update changes no indexed column and InnoDB leaves the forget_us
-// index alone; forget_us is then only a bound, and cleanup, which reads
-// its index, deletes a completed record once both times have passed.
-const until = `IF(state = 3, completed_us + retention_us, forget_us)`
-
-var (
-	paramRE  = regexp.MustCompile(`:[a-z]+`)
-	tableRE  = regexp.MustCompile(`^[A-Za-z0-9_$]{1,64}(\.[A-Za-z0-9_$]{1,64})?$`)
-	columnsS = `state, owner, token, attempt, how, lease_expires_us, completed_us, fingerprint, output, ` + now
-)
-
-// named turns :name parameters into ? and records their order.
-func named(src string) statement {
-	var st statement
-	st.sql = paramRE.ReplaceAllStringFunc(src, func(p string) string {
-		st.names = append(st.names, p[1:])
-		return "?"
-	})
-	return st
-}
-
-func (st statement) args(vals map[string]any) []any {
+// args returns the values of st's parameters in p, in order.
+func (st statement) args(p *params) []any {
 	out := make([]any, len(st.names))
 	for i, n := range st.names {
-		out[i] = vals[n]
+		out[i], _ = p.value(n)
 	}
 	return out
 }
+
+// params are the values a call binds, by the names its statement's
+// {{arg "name"}} parameters have.
+type params struct {
+	key, owner, after, lower  []byte
+	token, ttl, ret, seconds  int64
+	limit, batch              int
+	origin, fp, output, upper any // nil for SQL NULL
+	state, live               any // List's filter: nil for any
+	lock, table               string
+	database                  sql.NullString
+}
+
+// value returns the parameter name's value, and whether there is such a
+// parameter.
+func (p *params) value(name string) (any, bool) {
+	switch name {
+	case "key":
+		return p.key, true
+	case "owner":
+		return p.owner, true
+	case "after":
+		return p.after, true
+	case "lower":
+		return p.lower, true
+	case "token":
+		return p.token, true
+	case "ttl":
+		return p.ttl, true
+	case "ret":
+		return p.ret, true
+	case "seconds":
+		return p.seconds, true
+	case "limit":
+		return p.limit, true
+	case "batch":
+		return p.batch, true
+	case "origin":
+		return p.origin, true
+	case "fp":
+		return p.fp, true
+	case "output":
+		return p.output, true
+	case "upper":
+		return p.upper, true
+	case "state":
+		return p.state, true
+	case "live":
+		return p.live, true
+	case "lock":
+		return p.lock, true
+	case "table":
+		return p.table, true
+	case "database":
+		return p.database, true
+	}
+	return nil, false
+}
+
+type statements struct {
+	schema                              statement
+	acquire, acquireReturning           statement
+	acquireRead                         statement
+	renew, complete, release, stillHeld statement
+	inspect, list, count                statement
+	deleteLive, deleteAny, cleanup      statement
+	database, getLock, releaseLock      statement
+	columns, shortLockWait              statement
+	defaultLockWait, version            statement
+}
+
+//go:embed schema.sql acquire.sql statements.sql
+var sqlFiles embed.FS
+
+// sqlTemplates are the SQL files, parsed. Their "arg" is bound in each
+// renderer, which records the parameters' names; this one fails, so that
+// a render outside a renderer cannot go unnoticed.
+var sqlTemplates = template.Must(template.New("").Funcs(template.FuncMap{
+	"arg": func(string) (string, error) { return "", errors.New("arg outside a renderer") },
+}).ParseFS(sqlFiles, "*.sql"))
+
+// renderer renders the SQL templates with one sqlData. It is not safe for
+// concurrent use.
+type renderer struct {
+	t     *template.Template
+	data  sqlData
+	names []string // of the parameters rendered so far
+}
+
+func newRenderer(data sqlData) (*renderer, error) {
+	r := &renderer{data: data}
+	t, err := sqlTemplates.Clone()
+	if err != nil {
+		return nil, err
+	}
+	r.t = t.Funcs(template.FuncMap{"arg": func(name string) (string, error) {
+		if _, ok := (&params{}).value(name); !ok {
+			return "", fmt.Errorf("unknown parameter %q", name)
+		}
+		r.names = append(r.names, name)
+		return "?", nil
+	}})
+	return r, nil
+}
+
+// render renders the template name.
+func (r *renderer) render(name string) (statement, error) {
+	r.names = nil
+	var b strings.Builder
+	if err := r.t.ExecuteTemplate(&b, name, r.data); err != nil {
+		return statement{}, err
+	}
+	return statement{sql: b.String(), names: r.names}, nil
+}
+
+// renderStatements renders every statement a store with data runs but
+// Migrate's "add columns", which depends on the table.
+func renderStatements(data sqlData) (statements, error) {
+	r, err := newRenderer(data)
+	if err != nil {
+		return statements{}, err
+	}
+	var first error
+	get := func(name string) statement {
+		st, err := r.render(name)
+		if err != nil && first == nil {
+			first = err
+		}
+		return st
+	}
+	r.data.Now = get("now").sql
+	r.data.Until = get("until").sql
+	st := statements{
+		schema:           get("schema.sql"),
+		acquire:          get("acquire"),
+		acquireReturning: get("acquire returning"),
+		acquireRead:      get("acquire read"),
+		renew:            get("renew"),
+		complete:         get("complete"),
+		release:          get("release"),
+		stillHeld:        get("still held"),
+		inspect:          get("inspect"),
+		list:             get("list"),
+		count:            get("count"),
+		deleteLive:       get("delete live"),
+		deleteAny:        get("delete any"),
+		cleanup:          get("cleanup"),
+		database:         get("database"),
+		getLock:          get("get lock"),
+		releaseLock:      get("release lock"),
+		columns:          get("columns"),
+		shortLockWait:    get("short lock wait"),
+		defaultLockWait:  get("default lock wait"),
+		version:          get("version"),
+	}
+	return st, first
+}
+
+var tableRE = regexp.MustCompile(`^[A-Za-z0-9_$]{1,64}(\.[A-Za-z0-9_$]{1,64})?$`)
 
 // New returns a store on db. It does not contact the server. It returns
 // an error wrapping [backends.ErrNilClient] for a nil db, and one
@@ -170,40 +326,20 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 	for i, p := range parts {
 		quoted[i] = "`" + p + "`"
 	}
-	table := strings.Join(quoted, ".")
 	// An index is named within its table, so cutting the table's name to
 	// keep the index's within 64 characters cannot make two collide.
 	index := parts[len(parts)-1]
 	index = index[:min(len(index), 64-len("_fa"))] + "_fa"
-	vars := map[string]string{"Table": table, "Index": "`" + index + "`", "Now": now, "Until": until}
-	render := func(src string) string {
-		var b strings.Builder
-		template.Must(template.New("").Parse(src)).Execute(&b, vars) // fixed templates: cannot fail
-		return b.String()
+	data := sqlData{Table: strings.Join(quoted, "."), Index: "`" + index + "`"}
+	data.State.InProgress, data.State.Released, data.State.Completed = stateInProgress, stateReleased, stateCompleted
+	data.How.Fresh, data.How.Takeover, data.How.Reentrant, data.How.AfterRelease = howFresh, howTakeover, howReentrant, howAfterRelease
+	data.How.Unchanged = howUnchanged
+	st, err := renderStatements(data)
+	if err != nil {
+		// The embedded templates, with any table name: cannot fail.
+		return nil, fmt.Errorf("mysqlstore: render statements: %w", err)
 	}
-	held := "`key` = ? AND owner = ? AND token = ? AND state = 1 AND forget_us > " + now
-	acquire := named(render(acquireSQL))
-	s := &Store{db: db, opts: opts, table: table, flavor: opts.Flavor, sql: statements{
-		schema:           render(schemaSQL),
-		acquire:          acquire,
-		acquireReturning: acquire.sql + "\nRETURNING " + columnsS,
-		acquireRead:      "SELECT " + columnsS + " FROM " + table + " WHERE `key` = ?",
-		renew:            "UPDATE " + table + " SET lease_expires_us = " + now + " + ?, forget_us = " + now + " + ? + retention_us WHERE " + held,
-		complete:         "UPDATE " + table + " SET state = 3, completed_us = " + now + ", output = ?, forget_us = GREATEST(forget_us, " + now + " + retention_us) WHERE " + held,
-		release:          "UPDATE " + table + " SET state = 2, forget_us = " + now + " + retention_us WHERE " + held,
-		stillHeld:        "SELECT 1 FROM " + table + " WHERE " + held,
-		inspect:          "SELECT " + recordColumns + " FROM " + table + " WHERE `key` = ? AND " + until + " > " + now,
-		list: "SELECT " + recordColumns + " FROM " + table + " WHERE " + until + " > " + now +
-			" AND `key` > ? AND `key` >= ? AND (? IS NULL OR `key` < ?) AND " + stateFilter + " ORDER BY `key` LIMIT ?",
-		count: "SELECT COALESCE(SUM(state = 1 AND lease_expires_us > " + now + "), 0), COALESCE(SUM(state = 1 AND lease_expires_us <= " + now + "), 0)," +
-			" COALESCE(SUM(state = 2), 0), COALESCE(SUM(state = 3), 0)," +
-			" MIN(IF(state = 1 AND lease_expires_us > " + now + ", acquired_us, NULL)) FROM " + table +
-			" WHERE " + until + " > " + now + " AND `key` >= ? AND (? IS NULL OR `key` < ?)",
-		deleteLive: "DELETE FROM " + table + " WHERE `key` = ? AND " + until + " > " + now,
-		deleteAny:  "DELETE FROM " + table + " WHERE `key` = ?",
-		cleanup:    "DELETE FROM " + table + " WHERE forget_us <= " + now + " ORDER BY forget_us LIMIT ?",
-	}}
-	return s, nil
+	return &Store{db: db, opts: opts, data: data, sql: st, flavor: opts.Flavor}, nil
 }
 
 // PoolSize implements [backends.PoolSizer]: the db's limit on open
@@ -217,12 +353,18 @@ func (s *Store) PoolSize() int { return s.db.Stats().MaxOpenConnections }
 // Options returns the store's options with defaults applied.
 func (s *Store) Options() Options { return s.opts }
 
-// Schema returns the SQL that creates the table, for an external
-// migration tool. A table of an earlier release also needs the columns
-// Migrate adds to it; docs/upgrading.md gives the ALTER TABLE.
-func (s *Store) Schema() string {
-	return strings.TrimRight(s.sql.schema, "\n") + ";\n"
+// MigrationSQL returns the SQL that creates the table, for an external
+// migration tool: the statement Migrate runs first, ended with ';'. A
+// table of an earlier release also needs the columns Migrate adds to it;
+// docs/upgrading.md gives the ALTER TABLE.
+func (s *Store) MigrationSQL() string {
+	return strings.TrimRight(s.sql.schema.sql, "\n") + ";\n"
 }
+
+// Schema returns what [Store.MigrationSQL] returns.
+//
+// Deprecated: use MigrationSQL, the name pgstore has for it too.
+func (s *Store) Schema() string { return s.MigrationSQL() }
 
 // Migrate creates the table if it does not exist, and adds to a table of
 // an earlier release the columns added since (origin, acquired_us). It
@@ -252,7 +394,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	qualified := s.opts.Table
 	if !strings.Contains(qualified, ".") {
 		var db sql.NullString
-		if err := conn.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&db); err != nil {
+		if err := conn.QueryRowContext(ctx, s.sql.database.sql).Scan(&db); err != nil {
 			return opError("migrate", err)
 		}
 		qualified = db.String + "." + qualified
@@ -263,8 +405,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 		wait = min(wait, time.Until(deadline))
 	}
 	seconds := max(int64(wait/time.Second), 0) // GET_LOCK's timeout is whole seconds; 0 tries once
+	p := params{lock: lock, seconds: seconds}
 	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lock, seconds).Scan(&got); err != nil {
+	if err := conn.QueryRowContext(ctx, s.sql.getLock.sql, s.sql.getLock.args(&p)...).Scan(&got); err != nil {
 		return opError("migrate: lock", err)
 	}
 	if !got.Valid || got.Int64 != 1 {
@@ -276,8 +419,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 		}
 		return fmt.Errorf("mysqlstore: migrate: lock %q for %s not taken within %ds: GET_LOCK returned %s", lock, qualified, seconds, answer)
 	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", lock) //nolint:errcheck
-	if _, err := conn.ExecContext(ctx, s.sql.schema); err != nil {
+	defer conn.ExecContext(context.WithoutCancel(ctx), s.sql.releaseLock.sql, s.sql.releaseLock.args(&p)...) //nolint:errcheck
+	if _, err := conn.ExecContext(ctx, s.sql.schema.sql); err != nil {
 		return opError("migrate", err)
 	}
 	return s.addColumns(ctx, conn)
@@ -293,12 +436,11 @@ var addedColumns = [][2]string{
 // addColumns adds to the table the addedColumns it lacks, on conn, which
 // holds Migrate's lock. See Migrate for how it waits for the table.
 func (s *Store) addColumns(ctx context.Context, conn *sql.Conn) error {
-	schema, name := sql.NullString{}, s.opts.Table
+	p := params{table: s.opts.Table}
 	if db, table, ok := strings.Cut(s.opts.Table, "."); ok {
-		schema.String, schema.Valid, name = db, true, table
+		p.database.String, p.database.Valid, p.table = db, true, table
 	}
-	rows, err := conn.QueryContext(ctx, "SELECT COLUMN_NAME FROM information_schema.COLUMNS"+
-		" WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?", schema, name)
+	rows, err := conn.QueryContext(ctx, s.sql.columns.sql, s.sql.columns.args(&p)...)
 	if err != nil {
 		return opError("migrate", err)
 	}
@@ -314,23 +456,30 @@ func (s *Store) addColumns(ctx context.Context, conn *sql.Conn) error {
 	if err := rows.Err(); err != nil {
 		return opError("migrate", err)
 	}
-	var add []string
+	data := s.data
 	for _, c := range addedColumns {
 		if !have[c[0]] {
-			add = append(add, "ADD COLUMN "+c[0]+" "+c[1])
+			data.Add = append(data.Add, c)
 		}
 	}
-	if len(add) == 0 {
+	if len(data.Add) == 0 {
 		return nil
 	}
-	if _, err := conn.ExecContext(ctx, "SET SESSION lock_wait_timeout = 1"); err != nil {
+	r, err := newRenderer(data)
+	if err != nil {
 		return opError("migrate", err)
 	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), "SET SESSION lock_wait_timeout = DEFAULT") //nolint:errcheck
-	alter := "ALTER TABLE " + s.table + " " + strings.Join(add, ", ")
+	alter, err := r.render("add columns")
+	if err != nil {
+		return opError("migrate", err)
+	}
+	if _, err := conn.ExecContext(ctx, s.sql.shortLockWait.sql); err != nil {
+		return opError("migrate", err)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), s.sql.defaultLockWait.sql) //nolint:errcheck
 	giveUp := time.Now().Add(migrateLockWait)
 	for try := 0; ; try++ {
-		_, err := conn.ExecContext(ctx, alter)
+		_, err := conn.ExecContext(ctx, alter.sql)
 		var myErr *mysql.MySQLError
 		if err == nil || !errors.As(err, &myErr) || myErr.Number != errLockWait {
 			if err != nil {
@@ -396,7 +545,7 @@ func (s *Store) detectFlavor(ctx context.Context) (Flavor, error) {
 		return s.flavor, nil
 	}
 	var version string
-	if err := s.db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+	if err := s.db.QueryRowContext(ctx, s.sql.version.sql).Scan(&version); err != nil {
 		return FlavorDetect, opError("detect flavor", err)
 	}
 	s.flavor = flavorOf(version)
@@ -496,20 +645,17 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	if req.Origin != "" {
 		origin = []byte(req.Origin)
 	}
-	args := s.sql.acquire.args(map[string]any{
-		"key": []byte(req.Key), "owner": []byte(req.Owner), "ttl": us(req.LeaseTTL), "ret": us(req.Retention), "fp": fp,
-		"origin": origin,
-	})
+	p := params{key: []byte(req.Key), owner: []byte(req.Owner), ttl: us(req.LeaseTTL), ret: us(req.Retention), fp: fp, origin: origin}
 	var row acquired
 	err = retry(ctx, func() error {
 		if flavor == FlavorMariaDB {
-			st, err := s.stmt(ctx, s.sql.acquireReturning)
+			st, err := s.stmt(ctx, s.sql.acquireReturning.sql)
 			if err != nil {
 				return err
 			}
-			return row.scan(st.QueryRowContext(ctx, args...))
+			return row.scan(st.QueryRowContext(ctx, s.sql.acquireReturning.args(&p)...))
 		}
-		return s.acquireInTx(ctx, args, &row)
+		return s.acquireInTx(ctx, &p, &row)
 	})
 	if err != nil {
 		return backends.AcquireResult{}, opError("acquire", err)
@@ -520,22 +666,23 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 // acquireInTx runs the upsert and reads the row it left in one
 // transaction: the upsert locked the row, so the read sees this call's
 // outcome.
-func (s *Store) acquireInTx(ctx context.Context, args []any, row *acquired) error {
+func (s *Store) acquireInTx(ctx context.Context, p *params, row *acquired) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-	if _, err := tx.ExecContext(ctx, s.sql.acquire.sql, args...); err != nil {
+	if _, err := tx.ExecContext(ctx, s.sql.acquire.sql, s.sql.acquire.args(p)...); err != nil {
 		return err
 	}
-	if err := row.scan(tx.QueryRowContext(ctx, s.sql.acquireRead, args[0])); err != nil {
+	if err := row.scan(tx.QueryRowContext(ctx, s.sql.acquireRead.sql, s.sql.acquireRead.args(p)...)); err != nil {
 		return err
 	}
 	return tx.Commit()
 }
 
-// acquired is the row an Acquire left, as columnsS reads it.
+// acquired is the row an Acquire left, as statements.sql's "acquired
+// columns" reads it.
 type acquired struct {
 	state, how          int16
 	owner               []byte
@@ -550,29 +697,18 @@ func (a *acquired) scan(row *sql.Row) error {
 	return row.Scan(&a.state, &a.owner, &a.token, &a.attempt, &a.how, &a.leaseUs, &a.completedUs, &a.fingerprint, &a.output, &a.nowUs)
 }
 
-// How an Acquire decided, in the how column (acquire.sql). An Acquire that
-// changes nothing leaves the column as it was; versions before this one
-// wrote howRefused there.
-const (
-	howFresh = iota
-	howTakeover
-	howReentrant
-	howAfterRelease
-	howRefused
-)
-
 func (a *acquired) result(req backends.AcquireRequest) (backends.AcquireResult, error) {
 	res := backends.AcquireResult{Fingerprint: nilIfEmpty(a.fingerprint)}
 	switch {
-	case a.how != howRefused && a.state == 1 && string(a.owner) == req.Owner:
+	case a.how != howRefused && a.state == stateInProgress && string(a.owner) == req.Owner:
 		res.Status = backends.Acquired
 		res.Lease = backends.Lease{Key: req.Key, Owner: req.Owner, Token: a.token, Attempt: int(a.attempt), Takeover: a.how == howTakeover}
 		res.Reentrant = a.how == howReentrant
-	case a.state == 3:
+	case a.state == stateCompleted:
 		res.Status = backends.Completed
 		res.CompletedAt = micros(a.completedUs.Int64)
 		res.Output = nilIfEmpty(a.output)
-	case a.state == 1:
+	case a.state == stateInProgress:
 		res.Status = backends.InProgress
 		res.Remaining = time.Duration(a.leaseUs-a.nowUs) * time.Microsecond
 	default:
@@ -594,11 +730,12 @@ func nilIfEmpty(b []byte) []byte {
 // record. A server reports the rows an UPDATE changed, not those it
 // matched (unless the DSN sets clientFoundRows), so an update that
 // changed nothing is checked with a read before it counts as lost.
-func (s *Store) held(ctx context.Context, db Execer, op, query string, lease backends.Lease, args ...any) error {
+func (s *Store) held(ctx context.Context, db Execer, op string, st statement, lease backends.Lease, p params) error {
 	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
-	args = append(args, []byte(lease.Key), []byte(lease.Owner), lease.Token)
+	p.key, p.owner, p.token = []byte(lease.Key), []byte(lease.Owner), lease.Token
+	query, args := st.sql, st.args(&p)
 	var n int64
 	exec := db.ExecContext
 	run := func() error {
@@ -640,7 +777,7 @@ func (s *Store) held(ctx context.Context, db Execer, op, query string, lease bac
 		return backends.ErrLeaseLost
 	}
 	var one int
-	switch err := q.QueryRowContext(ctx, s.sql.stillHeld, args[len(args)-3:]...).Scan(&one); {
+	switch err := q.QueryRowContext(ctx, s.sql.stillHeld.sql, s.sql.stillHeld.args(&p)...).Scan(&one); {
 	case errors.Is(err, sql.ErrNoRows):
 		return backends.ErrLeaseLost
 	case err != nil:
@@ -654,12 +791,12 @@ func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Durati
 	if err := storekit.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
-	return s.held(ctx, s.db, "renew", s.sql.renew, lease, us(ttl), us(ttl))
+	return s.held(ctx, s.db, "renew", s.sql.renew, lease, params{ttl: us(ttl)})
 }
 
 // Complete implements [backends.Store].
 func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
-	return s.held(ctx, s.db, "complete", s.sql.complete, lease, nilOrBytes(output))
+	return s.held(ctx, s.db, "complete", s.sql.complete, lease, params{output: nilOrBytes(output)})
 }
 
 // CompleteTx completes the lease inside tx, the transaction in which the
@@ -699,7 +836,7 @@ func (s *Store) CompleteTxOutput(ctx context.Context, tx Execer, lease backends.
 	if tx == nil {
 		return fmt.Errorf("mysqlstore: complete: %w: nil transaction", backends.ErrInvalidRequest)
 	}
-	return s.held(ctx, tx, "complete", s.sql.complete, lease, nilOrBytes(output))
+	return s.held(ctx, tx, "complete", s.sql.complete, lease, params{output: nilOrBytes(output)})
 }
 
 func nilOrBytes(b []byte) any {
@@ -711,20 +848,12 @@ func nilOrBytes(b []byte) any {
 
 // Release implements [backends.Store].
 func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
-	return s.held(ctx, s.db, "release", s.sql.release, lease)
+	return s.held(ctx, s.db, "release", s.sql.release, lease, params{})
 }
-
-// recordColumns are the columns scanRecord reads, in order: the lease's
-// end is the completion for a completed record and the release for a
-// released one, which is kept for its retention from then; the eighth
-// column is when the record stops counting.
-const recordColumns = "`key`, state, owner, token, attempt," +
-	" CASE state WHEN 3 THEN completed_us WHEN 2 THEN forget_us - retention_us ELSE lease_expires_us END," +
-	" completed_us, " + until + ", fingerprint, output, " + now + ", acquired_us, origin"
 
 type scanner interface{ Scan(dest ...any) error }
 
-// scanRecord reads a row of recordColumns.
+// scanRecord reads a row of statements.sql's "record columns".
 func scanRecord(row scanner) (backends.Record, error) {
 	var (
 		key, owner, fingerprint, output, origin []byte
@@ -745,10 +874,10 @@ func scanRecord(row scanner) (backends.Record, error) {
 		rec.AcquiredAt = micros(acquiredUs.Int64)
 	}
 	switch {
-	case state == 3:
+	case state == stateCompleted:
 		rec.State = backends.StateCompleted
 		rec.CompletedAt = micros(completedUs.Int64)
-	case state == 2:
+	case state == stateReleased:
 		rec.State = backends.StateReleased
 	case leaseUs > nowUs:
 		rec.State = backends.StateInProgress
@@ -763,7 +892,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 	if err := storekit.ValidateKey(key); err != nil {
 		return backends.Record{}, err
 	}
-	rec, err := scanRecord(s.db.QueryRowContext(ctx, s.sql.inspect, []byte(key)))
+	rec, err := scanRecord(s.db.QueryRowContext(ctx, s.sql.inspect.sql, s.sql.inspect.args(&params{key: []byte(key)})...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return backends.Record{}, backends.ErrNotFound
 	}
@@ -779,9 +908,10 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := storekit.ValidateKey(key); err != nil {
 		return err
 	}
+	p := params{key: []byte(key)}
 	var n int64
 	err := retry(ctx, func() error {
-		res, err := s.db.ExecContext(ctx, s.sql.deleteLive, []byte(key))
+		res, err := s.db.ExecContext(ctx, s.sql.deleteLive.sql, s.sql.deleteLive.args(&p)...)
 		if err == nil {
 			n, err = res.RowsAffected()
 		}
@@ -793,7 +923,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	if n == 1 {
 		return nil
 	}
-	if _, err := s.db.ExecContext(ctx, s.sql.deleteAny, []byte(key)); err != nil {
+	if _, err := s.db.ExecContext(ctx, s.sql.deleteAny.sql, s.sql.deleteAny.args(&p)...); err != nil {
 		return opError("delete", err)
 	}
 	return backends.ErrNotFound
@@ -810,7 +940,7 @@ func (s *Store) Cleanup(ctx context.Context, batch int) (int64, error) {
 	}
 	var n int64
 	err := retry(ctx, func() error {
-		res, err := s.db.ExecContext(ctx, s.sql.cleanup, batch)
+		res, err := s.db.ExecContext(ctx, s.sql.cleanup.sql, s.sql.cleanup.args(&params{batch: batch})...)
 		if err == nil {
 			n, err = res.RowsAffected()
 		}

@@ -197,11 +197,12 @@ func TestNewValidates(t *testing.T) {
 	}
 	s, err := mysqlstore.New(db, mysqlstore.Options{Table: "app.idem_keys"})
 	require.NoError(t, err)
-	require.Contains(t, s.Schema(), "CREATE TABLE IF NOT EXISTS `app`.`idem_keys`")
+	require.Contains(t, s.MigrationSQL(), "CREATE TABLE IF NOT EXISTS `app`.`idem_keys`")
 	// What a migration tool runs: one statement, ended, and no marks of
 	// the docs' snippets.
-	require.NotContains(t, s.Schema(), "snippet")
-	require.True(t, strings.HasSuffix(s.Schema(), "ENGINE = InnoDB;\n"), "%q", s.Schema())
+	require.NotContains(t, s.MigrationSQL(), "snippet")
+	require.True(t, strings.HasSuffix(s.MigrationSQL(), "ENGINE = InnoDB;\n"), "%q", s.MigrationSQL())
+	require.Equal(t, s.MigrationSQL(), s.Schema())
 }
 
 // The store reports the db's limit on open connections as it is when

@@ -5,12 +5,12 @@
 {{/* snippet:schema */ -}}
 CREATE TABLE IF NOT EXISTS {{.Table}} (
     `key`            VARBINARY(2048) NOT NULL,
-    state            TINYINT         NOT NULL,           -- 1 leased, 2 released, 3 completed
+    state            TINYINT         NOT NULL,           -- {{.State.InProgress}} leased, {{.State.Released}} released, {{.State.Completed}} completed
     owner            VARBINARY(255)  NOT NULL,
     origin           VARBINARY(255)  NULL,               -- what acquired the lease (AcquireRequest.Origin)
     token            BIGINT          NOT NULL,           -- fencing token
     attempt          INT             NOT NULL,
-    how              TINYINT         NOT NULL DEFAULT 0, -- how the lease was last taken (see acquire.sql)
+    how              TINYINT         NOT NULL DEFAULT {{.How.Fresh}}, -- how the lease was last taken (see acquire.sql)
     acquired_us      BIGINT          NULL,               -- when the lease was acquired
     lease_expires_us BIGINT          NOT NULL,
     retention_us     BIGINT          NOT NULL,

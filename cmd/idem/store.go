@@ -597,7 +597,7 @@ func printSchema(e *env) error {
 			return err
 		}
 		defer db.Close()
-		schema = s.Schema()
+		schema = s.MigrationSQL()
 	default:
 		s, pool, _, err := newPostgres(e.g)
 		if err != nil {
