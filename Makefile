@@ -207,7 +207,7 @@ bin/staticcheck: tools/go.mod tools/go.sum
 LINT_PKGS := $(foreach m,$(MODULES),$(if $(filter .,$(m)),./...,./$(m)/...))
 
 .PHONY: lint
-lint: bin/staticcheck ## Check formatting, go vet and staticcheck in every module (tidiness without the workspace: make release-check)
+lint: bin/staticcheck ## Check formatting, go vet and staticcheck in every module, and that no package imports one above its floor (tidiness without the workspace: make release-check)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 	@$(STATICCHECK) $(LINT_PKGS)
@@ -222,5 +222,8 @@ lint: bin/staticcheck ## Check formatting, go vet and staticcheck in every modul
 	      END { for (p in imported) if (p ~ /\/internal(\/|$$)/ && modof[p] ~ /^github.com\/watermill-idempotency\// && modof[p] != mod) { print p " " modof[p]; bad = 1 } \
 	        if (bad) { print "module " mod " imports the internal packages above, of another module"; exit 1 } }') || exit 1; \
 	done
+	@# No package imports one on a floor above its own: the stores, then
+	@# keyfunc, then the middleware, then the rest (docs/development.md).
+	@$(GO) test -count=1 ./internal/floors
 	@for m in $(TOOL_MODS); do (cd $$m && GOWORK=off $(GO) vet ./... && GOWORK=off $(CURDIR)/$(STATICCHECK) ./... && GOWORK=off $(GO) mod tidy -diff) || exit 1; done
 	@echo "lint ok"

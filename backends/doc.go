@@ -4,7 +4,8 @@
 //
 // Each store lives in its own package below this one (memstore,
 // redisstore, pgstore, and the modules mysqlstore and dynamostore) and
-// proves itself against the shared conformance suite in backends/storetest.
+// proves itself against the shared conformance suite,
+// [github.com/watermill-idempotency/idempotency/storetest], from its tests.
 // A third-party store can run the same suite; what the stores share beyond
 // the contract (request checks, paging, waking waiters) is in
 // backends/storekit, for it to share too.

@@ -27,10 +27,10 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
-	"github.com/watermill-idempotency/idempotency/backends/storetest"
 	"github.com/watermill-idempotency/idempotency/httpidem"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
+	"github.com/watermill-idempotency/idempotency/storetest"
 )
 
 // The storm's server processes are this test binary, run again with

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	"github.com/watermill-idempotency/idempotency/backends/storetest"
+	"github.com/watermill-idempotency/idempotency/storetest"
 )
 
 // Storms on the in-memory store: eight routers, as eight service instances

@@ -13,8 +13,8 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/dynamostore"
-	"github.com/watermill-idempotency/idempotency/backends/storetest"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
+	"github.com/watermill-idempotency/idempotency/storetest"
 )
 
 // The acquisition race of every store (storetest.Race): 32 goroutines, each

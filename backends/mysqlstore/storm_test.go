@@ -12,7 +12,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
-	"github.com/watermill-idempotency/idempotency/backends/storetest"
+	"github.com/watermill-idempotency/idempotency/storetest"
 )
 
 // The acquisition race of every store (storetest.Race): 32 goroutines, each

@@ -17,9 +17,9 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
-	"github.com/watermill-idempotency/idempotency/backends/storetest"
 	"github.com/watermill-idempotency/idempotency/internal/testserver"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
+	"github.com/watermill-idempotency/idempotency/storetest"
 )
 
 // Redis stops answering while a handler runs. The keeper's renewals time

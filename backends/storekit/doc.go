@@ -29,6 +29,6 @@
 // [RunCleaner] runs a cleanup in batches on a timer, for a store whose
 // server does not forget expired records by itself.
 //
-// A store runs [backends/storetest] against itself to prove that it keeps
-// the contract.
+// A store runs [github.com/watermill-idempotency/idempotency/storetest]
+// against itself, from its tests, to prove that it keeps the contract.
 package storekit

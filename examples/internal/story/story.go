@@ -27,9 +27,9 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/storekit"
-	"github.com/watermill-idempotency/idempotency/backends/storetest"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
+	"github.com/watermill-idempotency/idempotency/storetest"
 )
 
 // Broker is a pub/sub the story runs on.

@@ -55,4 +55,10 @@
 // key in one transaction. [CheckCleanup] checks a store's cleanup job, and
 // [CheckRejected] what a store and the middleware do when the store's
 // server refuses a call (its table missing).
+//
+// # Where it sits
+//
+// The suite drives a store through the middleware, [idempotency.Do] and
+// httpidem, so it sits above them: a store imports it from its tests only,
+// never from its own code, and nothing below the middleware imports it.
 package storetest

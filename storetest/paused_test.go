@@ -10,7 +10,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/memstore"
-	"github.com/watermill-idempotency/idempotency/backends/storetest"
+	"github.com/watermill-idempotency/idempotency/storetest"
 )
 
 // The whole suite on the real clock, each test's store pausing after its

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/watermill-idempotency/idempotency/backends/memstore"
-	"github.com/watermill-idempotency/idempotency/backends/storetest"
+	"github.com/watermill-idempotency/idempotency/storetest"
 )
 
 // A store proves itself with one call from its tests. Stores that take time
