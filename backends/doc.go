@@ -22,7 +22,7 @@
 //
 //   - Acquire decides on the server, atomically: never read-then-write from
 //     the client. Exactly one of any number of concurrent callers for a free
-//     key gets [Acquired]. A store whose server cannot take every case in
+//     key gets [StatusAcquired]. A store whose server cannot take every case in
 //     one conditional write (DynamoDB) writes once per case, each write
 //     conditioned on that case holding, and tries the next case when the
 //     condition fails.

@@ -85,7 +85,7 @@ func IsPermanent(err error) bool {
 type Store interface {
 	// Acquire takes the processing lease on req.Key for req.Owner, or
 	// reports why it cannot: the key is held by someone else
-	// ([InProgress]) or its work is already done ([Completed]). It returns
+	// ([StatusInProgress]) or its work is already done ([StatusCompleted]). It returns
 	// [ErrInvalidRequest] for a malformed request.
 	Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error)
 
@@ -179,22 +179,33 @@ type AcquireRequest struct {
 type Status int
 
 const (
-	// Acquired: the caller holds the lease and should do the work.
-	Acquired Status = iota + 1
-	// InProgress: another owner holds a live lease.
-	InProgress
-	// Completed: the work is done; the result carries its output.
-	Completed
+	// StatusAcquired: the caller holds the lease and should do the work.
+	StatusAcquired Status = iota + 1
+	// StatusInProgress: another owner holds a live lease.
+	StatusInProgress
+	// StatusCompleted: the work is done; the result carries its output.
+	StatusCompleted
+)
+
+// The Status constants' names before they took the prefix [State]'s
+// constants have. They go in a later release.
+const (
+	// Deprecated: use StatusAcquired.
+	Acquired = StatusAcquired
+	// Deprecated: use StatusInProgress.
+	InProgress = StatusInProgress
+	// Deprecated: use StatusCompleted.
+	Completed = StatusCompleted
 )
 
 // String returns the status's name.
 func (s Status) String() string {
 	switch s {
-	case Acquired:
+	case StatusAcquired:
 		return "acquired"
-	case InProgress:
+	case StatusInProgress:
 		return "in_progress"
-	case Completed:
+	case StatusCompleted:
 		return "completed"
 	}
 	return fmt.Sprintf("Status(%d)", int(s))

@@ -46,7 +46,7 @@ func (r *KeyRepository) IsDuplicate(ctx context.Context, key string) (bool, erro
 	if err != nil {
 		return false, err
 	}
-	if res.Status != backends.Acquired {
+	if res.Status != backends.StatusAcquired {
 		return true, nil // completed, or being recorded by another check right now
 	}
 	if err := r.store.Complete(ctx, res.Lease, nil); err != nil {

@@ -101,7 +101,7 @@ func (m *Idempotency) handle(d *delivery, keyErr error) error {
 	}
 
 	// In progress: wait until the holder completes or gives the key up.
-	if res.Status == backends.InProgress && !d.noWait && !m.mismatched(d, res) {
+	if res.Status == backends.StatusInProgress && !d.noWait && !m.mismatched(d, res) {
 		res, sentAt, err = m.waitForHolder(d, res)
 		switch {
 		case err != nil && d.ctx.Err() != nil:
@@ -113,16 +113,16 @@ func (m *Idempotency) handle(d *delivery, keyErr error) error {
 
 	// Another payload under this key: reject, or go on (OnFingerprintMismatch).
 	if m.mismatched(d, res) && d.mismatch == MismatchReject {
-		if res.Status == backends.Acquired {
+		if res.Status == backends.StatusAcquired {
 			m.release(d, nil, res.Lease)
 		}
 		return m.finish(d, OutcomeFingerprintMismatch, fmt.Errorf("%w: key %q", ErrFingerprintMismatch, d.key))
 	}
 
 	switch res.Status {
-	case backends.Acquired: // run the work under the lease, then complete or release
+	case backends.StatusAcquired:
 		return m.run(d, res.Lease, sentAt)
-	case backends.Completed: // a duplicate: replay the stored output
+	case backends.StatusCompleted:
 		return m.replay(d, res.Output)
 	default: // still in progress after the wait: refuse, never succeed
 		return m.finish(d, OutcomeInProgress, &InProgressError{Key: d.key, Remaining: res.Remaining, Waited: d.ev.Waited})

@@ -32,7 +32,7 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 	defer w.stop()
 	w.rewatch()
 	var sentAt, lastAsk time.Time
-	for wakes := 0; res.Status == backends.InProgress; {
+	for wakes := 0; res.Status == backends.StatusInProgress; {
 		left := time.Until(deadline)
 		if left <= 0 {
 			break
@@ -79,7 +79,7 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 		// report not ok at once, without a round trip, while they cannot
 		// watch, so trying costs nothing then, and the polling ends as
 		// soon as they can watch again.
-		if !w.watching() && res.Status == backends.InProgress {
+		if !w.watching() && res.Status == backends.StatusInProgress {
 			w.rewatch()
 		}
 	}
@@ -87,7 +87,7 @@ func (m *Idempotency) waitForHolder(d *delivery, res backends.AcquireResult) (ba
 	// starved machine the last look can be from well before it (the
 	// first, even, from before the wait began), and the holder may have
 	// finished, failed or run out of lease since.
-	if res.Status == backends.InProgress && budget > 0 && lastAsk.Before(deadline) {
+	if res.Status == backends.StatusInProgress && budget > 0 && lastAsk.Before(deadline) {
 		return m.look(d)
 	}
 	return res, sentAt, nil

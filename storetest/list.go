@@ -164,7 +164,7 @@ func testListWhileRecordsChange(t *testing.T, s *suite, l backends.Lister) {
 			Key: s.key(fmt.Sprintf("k%03d", i)), Owner: s.owner(), LeaseTTL: throughout, Retention: throughout,
 		})
 		require.NoError(t, err)
-		require.Equal(t, backends.Acquired, res.Status)
+		require.Equal(t, backends.StatusAcquired, res.Status)
 		leases[i] = res.Lease
 	}
 	stop := make(chan struct{})

@@ -73,7 +73,7 @@ func (r Race) Run(t *testing.T) {
 				if fail(err) {
 					return
 				}
-				if res.Status != backends.Acquired {
+				if res.Status != backends.StatusAcquired {
 					continue
 				}
 				n := won.Add(1)

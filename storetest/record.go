@@ -26,14 +26,14 @@ func testOrigin(t *testing.T, s *suite) {
 	origin := func() string { t.Helper(); return s.inspect(t, key).Origin }
 	first := s.owner()
 	res := s.acquireFrom(t, key, first, "first delivery", long)
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 	l := res.Lease
 	require.Equal(t, "first delivery", origin())
 
 	again := s.acquireFrom(t, key, first, "first delivery, asked again", long)
 	require.True(t, again.Reentrant)
 	require.Equal(t, "first delivery", origin(), "a re-entrant Acquire keeps the origin it first gave")
-	require.Equal(t, backends.InProgress, s.acquireFrom(t, key, s.owner(), "a duplicate", long).Status)
+	require.Equal(t, backends.StatusInProgress, s.acquireFrom(t, key, s.owner(), "a duplicate", long).Status)
 	require.Equal(t, "first delivery", origin(), "a duplicate in progress changes nothing")
 	require.NoError(t, s.Store.Renew(c, l, long))
 	require.Equal(t, "first delivery", origin(), "renewed")
@@ -41,11 +41,11 @@ func testOrigin(t *testing.T, s *suite) {
 	require.Equal(t, "first delivery", origin(), "a released record tells who released it")
 
 	second := s.acquireFrom(t, key, s.owner(), "second delivery", long)
-	require.Equal(t, backends.Acquired, second.Status)
+	require.Equal(t, backends.StatusAcquired, second.Status)
 	require.Equal(t, "second delivery", origin(), "the next acquisition replaces it")
 	require.NoError(t, s.Store.Complete(c, second.Lease, []byte("out")))
 	require.Equal(t, "second delivery", origin(), "a completed record tells which delivery completed it")
-	require.Equal(t, backends.Completed, s.acquireFrom(t, key, s.owner(), "a late duplicate", long).Status)
+	require.Equal(t, backends.StatusCompleted, s.acquireFrom(t, key, s.owner(), "a late duplicate", long).Status)
 	require.Equal(t, "second delivery", origin(), "a duplicate of completed work changes nothing")
 
 	// A takeover replaces it too; an acquisition that gives none leaves
@@ -59,7 +59,7 @@ func testOrigin(t *testing.T, s *suite) {
 	require.True(t, took.Lease.Takeover)
 	require.Equal(t, "redelivery", origin())
 	require.NoError(t, s.Store.Release(c, took.Lease))
-	require.Equal(t, backends.Acquired, s.acquireFrom(t, key, s.owner(), "", long).Status)
+	require.Equal(t, backends.StatusAcquired, s.acquireFrom(t, key, s.owner(), "", long).Status)
 	require.Empty(t, origin(), "an acquisition without an origin replaces the last one with none")
 }
 
@@ -96,7 +96,7 @@ func testOrigins(t *testing.T, s *suite) {
 func (s *suite) mustAcquireFrom(t *testing.T, key, origin string) backends.Lease {
 	t.Helper()
 	res := s.acquireFrom(t, key, s.owner(), origin, long)
-	require.Equal(t, backends.Acquired, res.Status, "acquire %q", key)
+	require.Equal(t, backends.StatusAcquired, res.Status, "acquire %q", key)
 	return res.Lease
 }
 
@@ -163,7 +163,7 @@ func testRecordFields(t *testing.T, s *suite) {
 		res, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: ttl, Retention: long,
 			Fingerprint: fp, Origin: originOf(owner)})
 		require.NoError(t, err)
-		require.Equal(t, backends.Acquired, res.Status)
+		require.Equal(t, backends.StatusAcquired, res.Status)
 		return key, res.Lease
 	}
 	// Leases that outlast any test, however loaded the machine: a lease

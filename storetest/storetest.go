@@ -218,7 +218,7 @@ func (s *suite) acquireFrom(t *testing.T, key, owner, origin string, ttl time.Du
 func (s *suite) mustAcquire(t *testing.T, key, owner string, ttl time.Duration) backends.Lease {
 	t.Helper()
 	res := s.acquire(t, key, owner, ttl)
-	require.Equal(t, backends.Acquired, res.Status, "acquire %q by %s", key, owner)
+	require.Equal(t, backends.StatusAcquired, res.Status, "acquire %q by %s", key, owner)
 	require.Equal(t, key, res.Lease.Key)
 	require.Equal(t, owner, res.Lease.Owner)
 	require.Positive(t, res.Lease.Token)
@@ -280,7 +280,7 @@ var tests = []struct {
 func testAcquireFreshKey(t *testing.T, s *suite) {
 	key := s.key("k")
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 	require.Equal(t, 1, res.Lease.Attempt)
 	require.Positive(t, res.Lease.Token)
 	require.False(t, res.Lease.Takeover)
@@ -300,10 +300,10 @@ func testInProgressForOthers(t *testing.T, s *suite) {
 		w := s.stopwatch()
 		s.mustAcquire(t, key, s.owner(), ttl)
 		res := s.acquire(t, key, s.owner(), ttl)
-		if (res.Status != backends.InProgress || res.Remaining <= 0) && w.late(ttl) {
+		if (res.Status != backends.StatusInProgress || res.Remaining <= 0) && w.late(ttl) {
 			return true
 		}
-		require.Equal(t, backends.InProgress, res.Status)
+		require.Equal(t, backends.StatusInProgress, res.Status)
 		require.Positive(t, res.Remaining)
 		require.LessOrEqual(t, res.Remaining, ttl+s.Skew)
 		require.Zero(t, res.Lease, "an in-progress result carries no lease")
@@ -349,7 +349,7 @@ func testConcurrentAcquireOneWinner(t *testing.T, s *suite) {
 	for _, res := range s.acquireAtOnce(t, repeat(s.key("k"), n)) {
 		outcomes[res.Status]++
 	}
-	require.Equal(t, map[backends.Status]int{backends.Acquired: 1, backends.InProgress: n - 1}, outcomes)
+	require.Equal(t, map[backends.Status]int{backends.StatusAcquired: 1, backends.StatusInProgress: n - 1}, outcomes)
 }
 
 func testConcurrentAcquireManyKeys(t *testing.T, s *suite) {
@@ -360,7 +360,7 @@ func testConcurrentAcquireManyKeys(t *testing.T, s *suite) {
 	}
 	winners := map[string]int{}
 	for i, res := range s.acquireAtOnce(t, all) {
-		if res.Status == backends.Acquired {
+		if res.Status == backends.StatusAcquired {
 			winners[all[i]]++
 		}
 	}
@@ -377,7 +377,7 @@ func testConcurrentTakeoverOneWinner(t *testing.T, s *suite) {
 
 	var winners []backends.Lease
 	for _, res := range s.acquireAtOnce(t, repeat(key, 50)) {
-		if res.Status == backends.Acquired {
+		if res.Status == backends.StatusAcquired {
 			winners = append(winners, res.Lease)
 		}
 	}
@@ -411,7 +411,7 @@ func testAtMostOneHolder(t *testing.T, s *suite) {
 					t.Error(err)
 					return
 				}
-				if res.Status != backends.Acquired {
+				if res.Status != backends.StatusAcquired {
 					continue
 				}
 				if h := holders[k].Add(1); h != 1 {
@@ -446,7 +446,7 @@ func testReentrant(t *testing.T, s *suite) {
 	first := s.mustAcquire(t, key, owner, s.ticks(3))
 	s.wait(2)
 	again := s.acquire(t, key, owner, long)
-	require.Equal(t, backends.Acquired, again.Status)
+	require.Equal(t, backends.StatusAcquired, again.Status)
 	require.True(t, again.Reentrant)
 	require.False(t, again.Lease.Takeover)
 	require.Equal(t, first.Token, again.Lease.Token)
@@ -458,7 +458,7 @@ func testReentrant(t *testing.T, s *suite) {
 	// second untouched.)
 	s.wait(2)
 	other := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.InProgress, other.Status)
+	require.Equal(t, backends.StatusInProgress, other.Status)
 
 	// Both values of the lease work, since they are the same lease.
 	require.NoError(t, s.Store.Complete(ctx(t), first, nil))
@@ -471,7 +471,7 @@ func testTakeoverAfterExpiry(t *testing.T, s *suite) {
 	require.Equal(t, backends.StateExpired, s.inspect(t, key).State)
 
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 	require.True(t, res.Lease.Takeover)
 	require.False(t, res.Reentrant)
 	require.Greater(t, res.Lease.Token, old.Token)
@@ -493,7 +493,7 @@ func testExpiredNotTakenOver(t *testing.T, s *suite) {
 	require.NoError(t, s.Store.Renew(ctx(t), l, long), "nobody took the lease over: it is still the owner's")
 	require.NoError(t, s.Store.Complete(ctx(t), l, []byte("done")))
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.Completed, res.Status)
+	require.Equal(t, backends.StatusCompleted, res.Status)
 }
 
 func testReleaseByNonOwner(t *testing.T, s *suite) {
@@ -510,7 +510,7 @@ func testReleaseByNonOwner(t *testing.T, s *suite) {
 	require.ErrorIs(t, s.Store.Renew(ctx(t), other, long), backends.ErrLeaseLost)
 
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.InProgress, res.Status, "the holder's lease survived")
+	require.Equal(t, backends.StatusInProgress, res.Status, "the holder's lease survived")
 	rec := s.inspect(t, key)
 	require.Equal(t, l.Owner, rec.Owner)
 	require.Equal(t, l.Token, rec.Token)
@@ -524,7 +524,7 @@ func testReleaseThenAcquire(t *testing.T, s *suite) {
 	require.ErrorIs(t, s.Store.Release(ctx(t), first), backends.ErrLeaseLost, "a second release finds nothing to release")
 
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 	require.False(t, res.Lease.Takeover)
 	require.Greater(t, res.Lease.Token, first.Token)
 	require.Equal(t, 2, res.Lease.Attempt)
@@ -558,7 +558,7 @@ func testCompletedWithOutput(t *testing.T, s *suite) {
 	require.NoError(t, s.Store.Complete(ctx(t), l, out))
 
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.Completed, res.Status)
+	require.Equal(t, backends.StatusCompleted, res.Status)
 	require.Equal(t, out, res.Output)
 	require.False(t, res.CompletedAt.IsZero())
 	require.Zero(t, res.Lease)
@@ -574,7 +574,7 @@ func testCompletedWithOutput(t *testing.T, s *suite) {
 	l2 := s.mustAcquire(t, key2, s.owner(), long)
 	require.NoError(t, s.Store.Complete(ctx(t), l2, nil))
 	res2 := s.acquire(t, key2, s.owner(), long)
-	require.Equal(t, backends.Completed, res2.Status)
+	require.Equal(t, backends.StatusCompleted, res2.Status)
 	require.Empty(t, res2.Output)
 }
 
@@ -585,7 +585,7 @@ func testCompletedUntilRetentionEnds(t *testing.T, s *suite) {
 	key := s.untilInTime(t, func(key string) bool {
 		first, err := s.Store.Acquire(ctx(t), backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: retention})
 		require.NoError(t, err)
-		require.Equal(t, backends.Acquired, first.Status)
+		require.Equal(t, backends.StatusAcquired, first.Status)
 		// The retention runs from the completion: 16 + 6 ticks after the
 		// acquisition the record is still there, though 22 > 20. A late
 		// wait before the completion only proves more; a pause from the
@@ -595,17 +595,17 @@ func testCompletedUntilRetentionEnds(t *testing.T, s *suite) {
 		require.NoError(t, s.Store.Complete(ctx(t), first.Lease, []byte("out")))
 		s.wait(6)
 		status := s.acquire(t, key, s.owner(), long).Status
-		if status != backends.Completed && w.late(retention) {
+		if status != backends.StatusCompleted && w.late(retention) {
 			return true
 		}
-		require.Equal(t, backends.Completed, status, "kept for the retention after completion")
+		require.Equal(t, backends.StatusCompleted, status, "kept for the retention after completion")
 		return false
 	})
 	s.waitPast(16)
 	_, err := s.Store.Inspect(ctx(t), key)
 	require.ErrorIs(t, err, backends.ErrNotFound, "a completed record past its retention is gone")
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 	require.Equal(t, 1, res.Lease.Attempt, "a new record")
 	require.Empty(t, res.Output)
 }
@@ -637,18 +637,18 @@ func testFingerprint(t *testing.T, s *suite) {
 	c := ctx(t)
 	res, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: fp1})
 	require.NoError(t, err)
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 	require.Equal(t, fp1, res.Fingerprint)
 
 	dup, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: fp2})
 	require.NoError(t, err)
-	require.Equal(t, backends.InProgress, dup.Status)
+	require.Equal(t, backends.StatusInProgress, dup.Status)
 	require.Equal(t, fp1, dup.Fingerprint, "the first fingerprint is kept")
 
 	require.NoError(t, s.Store.Complete(c, res.Lease, nil))
 	done, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: fp2})
 	require.NoError(t, err)
-	require.Equal(t, backends.Completed, done.Status)
+	require.Equal(t, backends.StatusCompleted, done.Status)
 	require.Equal(t, fp1, done.Fingerprint)
 	require.Equal(t, fp1, s.inspect(t, key).Fingerprint)
 
@@ -671,10 +671,10 @@ func testRenewExtends(t *testing.T, s *suite) {
 		res := s.acquire(t, key, s.owner(), long)
 		rec := s.inspect(t, key)
 		// More than 3 of the 30 ticks left: fewer than 27 passed.
-		if (res.Status != backends.InProgress || res.Remaining <= s.ticks(3) || rec.State != backends.StateInProgress) && w.late(s.ticks(27)) {
+		if (res.Status != backends.StatusInProgress || res.Remaining <= s.ticks(3) || rec.State != backends.StateInProgress) && w.late(s.ticks(27)) {
 			return true
 		}
-		require.Equal(t, backends.InProgress, res.Status)
+		require.Equal(t, backends.StatusInProgress, res.Status)
 		require.Greater(t, res.Remaining, s.ticks(3), "the renewed lease outlasts the original one")
 		require.Equal(t, backends.StateInProgress, rec.State)
 		return false
@@ -683,7 +683,7 @@ func testRenewExtends(t *testing.T, s *suite) {
 	// Renew can also shorten a lease; the holder decides.
 	require.NoError(t, s.Store.Renew(ctx(t), l, s.ticks(1)))
 	s.waitPast(2)
-	require.Equal(t, backends.Acquired, s.acquire(t, key, s.owner(), long).Status)
+	require.Equal(t, backends.StatusAcquired, s.acquire(t, key, s.owner(), long).Status)
 	s.requireLost(t, l)
 }
 
@@ -708,7 +708,7 @@ func testInspectAndDelete(t *testing.T, s *suite) {
 	require.ErrorIs(t, err, backends.ErrNotFound)
 	require.ErrorIs(t, s.Store.Delete(c, key), backends.ErrNotFound)
 	require.ErrorIs(t, s.Store.Complete(c, l, nil), backends.ErrLeaseLost, "the deleted lease is lost")
-	require.Equal(t, backends.Acquired, s.acquire(t, key, s.owner(), long).Status)
+	require.Equal(t, backends.StatusAcquired, s.acquire(t, key, s.owner(), long).Status)
 }
 
 // OddKeys returns the keys the suite requires every store to keep apart:
@@ -733,7 +733,7 @@ func testOddKeys(t *testing.T, s *suite) {
 	}
 	for key := range leases {
 		res := s.acquire(t, key, s.owner(), long)
-		require.Equal(t, backends.Completed, res.Status, "key %q", key)
+		require.Equal(t, backends.StatusCompleted, res.Status, "key %q", key)
 		require.Equal(t, []byte(key), res.Output, "key %q kept apart from the others", key)
 		require.Equal(t, key, s.inspect(t, key).Key)
 	}
@@ -767,7 +767,7 @@ func testLargeOutput(t *testing.T, s *suite) {
 	}
 	require.NoError(t, s.Store.Complete(ctx(t), l, out))
 	res := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.Completed, res.Status)
+	require.Equal(t, backends.StatusCompleted, res.Status)
 	require.True(t, bytes.Equal(out, res.Output), "an output of %d bytes round-trips", size)
 }
 
@@ -807,7 +807,7 @@ func testLimits(t *testing.T, s *suite) {
 	longKey = longKey[:backends.MaxKeyBytes]
 	l := s.mustAcquire(t, longKey, s.owner(), long)
 	require.NoError(t, s.Store.Complete(c, l, []byte("out")))
-	require.Equal(t, backends.Completed, s.acquire(t, longKey, s.owner(), long).Status)
+	require.Equal(t, backends.StatusCompleted, s.acquire(t, longKey, s.owner(), long).Status)
 	_, err := s.Store.Acquire(c, backends.AcquireRequest{Key: longKey + "x", Owner: s.owner(), LeaseTTL: long, Retention: long})
 	require.ErrorIs(t, err, backends.ErrInvalidRequest, "a key over MaxKeyBytes")
 
@@ -817,9 +817,9 @@ func testLimits(t *testing.T, s *suite) {
 	key := s.key("max")
 	res, err := s.Store.Acquire(c, backends.AcquireRequest{Key: key, Owner: s.owner(), LeaseTTL: backends.MaxDuration, Retention: backends.MaxDuration})
 	require.NoError(t, err)
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 	other := s.acquire(t, key, s.owner(), long)
-	require.Equal(t, backends.InProgress, other.Status)
+	require.Equal(t, backends.StatusInProgress, other.Status)
 	require.Greater(t, other.Remaining, backends.MaxDuration-time.Hour)
 	require.NoError(t, s.Store.Renew(c, res.Lease, backends.MaxDuration))
 	rec := s.inspect(t, key)
@@ -827,7 +827,7 @@ func testLimits(t *testing.T, s *suite) {
 	require.Greater(t, rec.ExpiresAt.Sub(rec.LeaseExpiresAt), backends.MaxDuration-time.Hour, "kept for the retention after the lease")
 	require.NoError(t, s.Store.Complete(c, res.Lease, nil))
 	s.wait(1)
-	require.Equal(t, backends.Completed, s.acquire(t, key, s.owner(), long).Status)
+	require.Equal(t, backends.StatusCompleted, s.acquire(t, key, s.owner(), long).Status)
 	rec = s.inspect(t, key)
 	require.Greater(t, rec.ExpiresAt.Sub(rec.CompletedAt), backends.MaxDuration-time.Hour, "kept for the retention after completion")
 
@@ -872,7 +872,7 @@ func testLimits(t *testing.T, s *suite) {
 	require.Equal(t, fp, s.inspect(t, fpKey).Fingerprint)
 	again, err := s.Store.Acquire(c, backends.AcquireRequest{Key: fpKey, Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: fp})
 	require.NoError(t, err)
-	require.Equal(t, backends.InProgress, again.Status)
+	require.Equal(t, backends.StatusInProgress, again.Status)
 	require.Equal(t, fp, again.Fingerprint)
 	_, err = s.Store.Acquire(c, backends.AcquireRequest{Key: s.key("fp-over"), Owner: s.owner(), LeaseTTL: long, Retention: long, Fingerprint: append(fp, 0)})
 	require.ErrorIs(t, err, backends.ErrInvalidRequest, "a fingerprint over MaxFingerprintBytes")
@@ -924,7 +924,7 @@ func testPoolSize(t *testing.T, s *suite) {
 		keys[i] = s.key(fmt.Sprint(i))
 	}
 	for i, res := range s.acquireAtOnce(t, keys) {
-		require.Equal(t, backends.Acquired, res.Status, "key %d of %d concurrent calls", i, len(keys))
+		require.Equal(t, backends.StatusAcquired, res.Status, "key %d of %d concurrent calls", i, len(keys))
 	}
 }
 

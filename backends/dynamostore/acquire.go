@@ -225,7 +225,7 @@ func (s *Store) acquired(req backends.AcquireRequest, w way, attrs map[string]ty
 		return backends.AcquireResult{}, err
 	}
 	return backends.AcquireResult{
-		Status: backends.Acquired,
+		Status: backends.StatusAcquired,
 		Lease: backends.Lease{
 			Key: req.Key, Owner: req.Owner, Token: it.token, Attempt: int(it.attempt),
 			Takeover: w == takeover,
@@ -253,9 +253,9 @@ func (s *Store) busy(ctx context.Context, req backends.AcquireRequest, it item, 
 	}
 	res = backends.AcquireResult{Fingerprint: it.fingerprint}
 	if st == backends.StateCompleted {
-		res.Status, res.CompletedAt, res.Output = backends.Completed, s.record(it, st).CompletedAt, it.output
+		res.Status, res.CompletedAt, res.Output = backends.StatusCompleted, s.record(it, st).CompletedAt, it.output
 	} else {
-		res.Status, res.Remaining = backends.InProgress, msDuration(it.lease+s.skew-now)
+		res.Status, res.Remaining = backends.StatusInProgress, msDuration(it.lease+s.skew-now)
 	}
 	return res, true, nil
 }

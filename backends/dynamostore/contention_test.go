@@ -32,7 +32,7 @@ func (c *churn) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, op
 		if err != nil {
 			return nil, err
 		}
-		if res.Status != backends.Acquired {
+		if res.Status != backends.StatusAcquired {
 			return nil, fmt.Errorf("churn: the other owner could not take the key: %v", res.Status)
 		}
 		c.lease, c.held = res.Lease, true
@@ -72,7 +72,7 @@ func TestAcquireUnderChurn(t *testing.T) {
 	require.NoError(t, err)
 	res, err := s.Acquire(ctx(t), req("k1"))
 	require.NoError(t, err)
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 	require.EqualValues(t, dynamostore.MaxRounds, res.Lease.Token, "every other owner's acquisition counted before it")
 
 	storm := &churn{API: api, other: other, key: "k2", rounds: 1000}

@@ -167,7 +167,7 @@ func TestDuplicateCalls(t *testing.T) {
 			require.NoError(t, s.Complete(ctx(t), l, []byte("out")))
 			writes, reads := tr.writes.Load(), tr.reads.Load()
 			res := acquire(t, s, "k", "b", time.Minute)
-			require.Equal(t, backends.Completed, res.Status)
+			require.Equal(t, backends.StatusCompleted, res.Status)
 			require.Equal(t, []byte("out"), res.Output)
 			require.Equal(t, tc.writes, tr.writes.Load()-writes, "UpdateItem calls")
 			require.Equal(t, tc.reads, tr.reads.Load()-reads, "GetItem calls")
@@ -237,13 +237,13 @@ func TestClockSkewMargin(t *testing.T) {
 			base.Advance(9500 * time.Millisecond) // the holder has 500 ms left
 			res := acquire(t, ahead, "k", "ahead", time.Minute)
 			if !tc.takenOver {
-				require.Equal(t, backends.InProgress, res.Status)
+				require.Equal(t, backends.StatusInProgress, res.Status)
 				require.InDelta(t, 600*time.Millisecond, res.Remaining, float64(time.Millisecond),
 					"the 500 ms left by the holder's clock, plus the 1 s margin, less the 900 ms the other clock is ahead")
 				require.NoError(t, holder.Renew(ctx(t), l, 10*time.Second), "still the holder's")
 				return
 			}
-			require.Equal(t, backends.Acquired, res.Status, "taken over while the holder counts 500 ms left")
+			require.Equal(t, backends.StatusAcquired, res.Status, "taken over while the holder counts 500 ms left")
 			require.True(t, res.Lease.Takeover)
 			require.ErrorIs(t, holder.Renew(ctx(t), l, 10*time.Second), backends.ErrLeaseLost)
 		})
@@ -265,7 +265,7 @@ func TestClockSkewDelaysTakeoverAndForgetting(t *testing.T) {
 	rec, err := s.Inspect(ctx(t), "lease")
 	require.NoError(t, err)
 	require.Equal(t, backends.StateInProgress, rec.State, "inside the margin")
-	require.Equal(t, backends.InProgress, acquire(t, s, "lease", "b", time.Minute).Status)
+	require.Equal(t, backends.StatusInProgress, acquire(t, s, "lease", "b", time.Minute).Status)
 	c.Advance(1001 * time.Millisecond)
 	require.True(t, acquire(t, s, "lease", "b", time.Minute).Lease.Takeover)
 
@@ -273,10 +273,10 @@ func TestClockSkewDelaysTakeoverAndForgetting(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Complete(ctx(t), res.Lease, []byte("out")))
 	c.Advance(11 * time.Second)
-	require.Equal(t, backends.Completed, acquire(t, s, "done", "b", time.Minute).Status, "inside the margin")
+	require.Equal(t, backends.StatusCompleted, acquire(t, s, "done", "b", time.Minute).Status, "inside the margin")
 	c.Advance(1001 * time.Millisecond)
 	again := acquire(t, s, "done", "b", time.Minute)
-	require.Equal(t, backends.Acquired, again.Status)
+	require.Equal(t, backends.StatusAcquired, again.Status)
 	require.Equal(t, 1, again.Lease.Attempt, "a new record")
 	require.Greater(t, again.Lease.Token, res.Lease.Token, "whose token still counts up")
 }

@@ -167,7 +167,7 @@ func TestRecordedAllOldDuplicate(t *testing.T) {
 			Fingerprint: []byte("sha256:9f2c1e"),
 		})
 		require.NoError(t, err)
-		require.Equal(t, backends.InProgress, res.Status)
+		require.Equal(t, backends.StatusInProgress, res.Status)
 		require.Equal(t, 21*time.Second, res.Remaining, "the holder's 20 s, plus the 1 s margin")
 		require.Equal(t, []byte("sha256:9f2c1e"), res.Fingerprint)
 	})
@@ -180,7 +180,7 @@ func TestRecordedAllOldDuplicate(t *testing.T) {
 			Fingerprint: []byte("sha256:4b7d0a"),
 		})
 		require.NoError(t, err)
-		require.Equal(t, backends.Completed, res.Status)
+		require.Equal(t, backends.StatusCompleted, res.Status)
 		require.True(t, recordedAt.Add(-5*time.Second).Equal(res.CompletedAt), "completed at %v", res.CompletedAt)
 		require.Equal(t, []byte(`{"order_id":"1002","status":"shipped"}`), res.Output)
 		require.Equal(t, []byte("sha256:4b7d0a"), res.Fingerprint)
@@ -201,7 +201,7 @@ func TestRecordedAllOldReentrant(t *testing.T) {
 	))
 	res, err := s.Acquire(ctx(t), backends.AcquireRequest{Key: "order-1003", Owner: "consumer-a", LeaseTTL: 30 * time.Second, Retention: 24 * time.Hour})
 	require.NoError(t, err)
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 	require.True(t, res.Reentrant)
 	require.Equal(t, int64(5), res.Lease.Token, "the same token")
 	require.Equal(t, 1, res.Lease.Attempt)

@@ -141,14 +141,14 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	var reentrant, takeover bool
 	switch {
 	case r.state == stateCompleted:
-		res.Status = backends.Completed
+		res.Status = backends.StatusCompleted
 		res.CompletedAt = r.completedAt
 		res.Output = bytes.Clone(r.output)
 		return res, nil
 	case r.state == stateLeased && r.owner == req.Owner:
 		reentrant = true
 	case r.state == stateLeased && now.Before(r.leaseExpires):
-		res.Status = backends.InProgress
+		res.Status = backends.StatusInProgress
 		res.Remaining = r.leaseExpires.Sub(now)
 		return res, nil
 	case r.state == stateLeased:
@@ -166,7 +166,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	r.leaseExpires = now.Add(req.LeaseTTL)
 	r.forgetAt = r.leaseExpires.Add(r.retention)
 
-	res.Status = backends.Acquired
+	res.Status = backends.StatusAcquired
 	res.Reentrant = reentrant
 	res.Lease = backends.Lease{
 		Key:      req.Key,

@@ -92,7 +92,7 @@ func TestDeadlockIsRetried(t *testing.T) {
 				res, err = s.Acquire(ctx(t), backends.AcquireRequest{Key: "k", Owner: "a", LeaseTTL: time.Hour, Retention: time.Hour})
 				return err
 			}))
-			require.Equal(t, backends.Acquired, res.Status)
+			require.Equal(t, backends.StatusAcquired, res.Status)
 			require.True(t, res.Reentrant)
 			require.Equal(t, l.Token, res.Lease.Token)
 		},

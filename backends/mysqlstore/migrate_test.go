@@ -50,7 +50,7 @@ func TestMigrateConcurrentlyAndTwice(t *testing.T) {
 	require.NoError(t, s.Complete(ctx(t), l, []byte("out")))
 	require.NoError(t, s.Migrate(ctx(t)))
 	res := acquire(t, s, "k", "b", time.Minute)
-	require.Equal(t, backends.Completed, res.Status, "the record survived the migration")
+	require.Equal(t, backends.StatusCompleted, res.Status, "the record survived the migration")
 	require.Equal(t, []byte("out"), res.Output)
 }
 
@@ -74,6 +74,6 @@ func TestMigrateLongTableName(t *testing.T) {
 		s, err := mysqlstore.New(db, mysqlstore.Options{Table: table})
 		require.NoError(t, err)
 		require.NoError(t, s.Migrate(ctx(t)), table)
-		require.Equal(t, backends.Acquired, acquire(t, s, "k", "a", time.Minute).Status, table)
+		require.Equal(t, backends.StatusAcquired, acquire(t, s, "k", "a", time.Minute).Status, table)
 	}
 }

@@ -701,15 +701,15 @@ func (a *acquired) result(req backends.AcquireRequest) (backends.AcquireResult, 
 	res := backends.AcquireResult{Fingerprint: nilIfEmpty(a.fingerprint)}
 	switch {
 	case a.how != howRefused && a.state == stateInProgress && string(a.owner) == req.Owner:
-		res.Status = backends.Acquired
+		res.Status = backends.StatusAcquired
 		res.Lease = backends.Lease{Key: req.Key, Owner: req.Owner, Token: a.token, Attempt: int(a.attempt), Takeover: a.how == howTakeover}
 		res.Reentrant = a.how == howReentrant
 	case a.state == stateCompleted:
-		res.Status = backends.Completed
+		res.Status = backends.StatusCompleted
 		res.CompletedAt = micros(a.completedUs.Int64)
 		res.Output = nilIfEmpty(a.output)
 	case a.state == stateInProgress:
-		res.Status = backends.InProgress
+		res.Status = backends.StatusInProgress
 		res.Remaining = time.Duration(a.leaseUs-a.nowUs) * time.Microsecond
 	default:
 		return backends.AcquireResult{}, fmt.Errorf("mysqlstore: acquire: record of %q in unexpected state %d (how %d)", req.Key, a.state, a.how)

@@ -115,11 +115,11 @@ func TestCaseVariantKeysAreDistinct(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, openDB(t, 4, nil), mysqlstore.Options{})
 	for _, key := range []string{"order-A", "ORDER-a", "order-a", "order-a ", "orde\u0301r-a"} {
-		require.Equal(t, backends.Acquired, acquire(t, s, key, "owner-"+key, time.Minute).Status, "key %q", key)
+		require.Equal(t, backends.StatusAcquired, acquire(t, s, key, "owner-"+key, time.Minute).Status, "key %q", key)
 	}
 	// Owners are bytes too: another case is another owner.
 	res := acquire(t, s, "order-A", "OWNER-order-A", time.Minute)
-	require.Equal(t, backends.InProgress, res.Status)
+	require.Equal(t, backends.StatusInProgress, res.Status)
 }
 
 // The session's time zone changes nothing: a lease taken by a session at
@@ -143,7 +143,7 @@ func TestSessionTimeZoneDoesNotMoveExpiry(t *testing.T) {
 		require.WithinRange(t, rec.LeaseExpiresAt, before.Add(time.Hour-time.Second), after.Add(time.Hour+time.Second), name)
 	}
 	res := acquire(t, w, "k", "west", time.Minute)
-	require.Equal(t, backends.InProgress, res.Status)
+	require.Equal(t, backends.StatusInProgress, res.Status)
 	require.InDelta(t, time.Hour, res.Remaining, float64(5*time.Second), "the same hour seen from -07:00")
 	require.NoError(t, w.Renew(ctx(t), l, 2*time.Hour))
 	rec, err := s.Inspect(ctx(t), "k")
@@ -252,6 +252,6 @@ func TestCompleteTxOutputStoresTheBytes(t *testing.T) {
 	require.Equal(t, backends.StateCompleted, rec.State)
 	require.Equal(t, output, rec.Output, "the bytes as given")
 	dup := acquire(t, s, lease.Key, "duplicate", time.Minute)
-	require.Equal(t, backends.Completed, dup.Status)
+	require.Equal(t, backends.StatusCompleted, dup.Status)
 	require.Equal(t, output, dup.Output, "a duplicate gets the bytes as given")
 }

@@ -32,7 +32,7 @@ func TestPlansAfterEmptyTableAnalyzed(t *testing.T) {
 	for i := range keys {
 		res, err := store.Acquire(ctx, backends.AcquireRequest{Key: fmt.Sprintf("plans-%d", i), Owner: "holder", LeaseTTL: time.Minute, Retention: time.Hour})
 		require.NoError(t, err)
-		require.Equal(t, backends.Acquired, res.Status)
+		require.Equal(t, backends.StatusAcquired, res.Status)
 		last = res.Lease
 		if i < keys-1 {
 			require.NoError(t, store.Complete(ctx, res.Lease, nil))

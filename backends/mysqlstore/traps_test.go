@@ -78,7 +78,7 @@ func TestAcquireAssignmentsReadTheOldRow(t *testing.T) {
 			first := acquireFP(t, early, "taken", "a", "fp-a")
 			require.Equal(t, backends.Lease{Key: "taken", Owner: "a", Token: 1, Attempt: 1}, first.Lease)
 			res := acquireFP(t, after, "taken", "b", "fp-b")
-			require.Equal(t, backends.Acquired, res.Status)
+			require.Equal(t, backends.StatusAcquired, res.Status)
 			require.Equal(t, backends.Lease{Key: "taken", Owner: "b", Token: 2, Attempt: 2, Takeover: true}, res.Lease)
 			require.Equal(t, []byte("fp-a"), res.Fingerprint, "the first fingerprint stays")
 			rec := inspect(t, after, "taken")
@@ -92,7 +92,7 @@ func TestAcquireAssignmentsReadTheOldRow(t *testing.T) {
 			// The old owner, by a clock still within the new lease, is
 			// refused and changes nothing.
 			res = acquireFP(t, early, "taken", "a", "fp-a")
-			require.Equal(t, backends.InProgress, res.Status)
+			require.Equal(t, backends.StatusInProgress, res.Status)
 			require.Equal(t, late.Add(time.Minute).Sub(t0), res.Remaining)
 			require.Equal(t, rec, inspect(t, after, "taken"))
 
@@ -104,7 +104,7 @@ func TestAcquireAssignmentsReadTheOldRow(t *testing.T) {
 			require.Equal(t, backends.StateCompleted, rec.State)
 			for _, owner := range []string{"a", "b"} {
 				res := acquireFP(t, after, "done", owner, "fp-"+owner)
-				require.Equal(t, backends.Completed, res.Status, owner)
+				require.Equal(t, backends.StatusCompleted, res.Status, owner)
 				require.Equal(t, []byte("out"), res.Output, owner)
 				require.Equal(t, t0.UnixMicro(), res.CompletedAt.UnixMicro(), owner)
 				require.Equal(t, rec, inspect(t, after, "done"), owner)
@@ -230,7 +230,7 @@ func TestUnchangedUpdateStillHoldsTheLease(t *testing.T) {
 	stale := l
 	stale.Token++
 	require.ErrorIs(t, early.Renew(ctx(t), stale, time.Minute), backends.ErrLeaseLost, "the read does not hide a lease that is not held")
-	require.Equal(t, backends.Acquired, acquireFP(t, late, "k", "b", "").Status)
+	require.Equal(t, backends.StatusAcquired, acquireFP(t, late, "k", "b", "").Status)
 	require.ErrorIs(t, early.Renew(ctx(t), l, time.Minute), backends.ErrLeaseLost, "nor one taken over")
 }
 
@@ -261,10 +261,10 @@ func TestDuplicateAcquireWritesNothing(t *testing.T) {
 			for i := range 3 {
 				owner := fmt.Sprintf("dup-%d", i)
 				res := acquire(t, s, "done", owner, time.Minute)
-				require.Equal(t, backends.Completed, res.Status)
+				require.Equal(t, backends.StatusCompleted, res.Status)
 				require.Equal(t, []byte("out"), res.Output)
 				res = acquire(t, s, "held", owner, time.Minute)
-				require.Equal(t, backends.InProgress, res.Status)
+				require.Equal(t, backends.StatusInProgress, res.Status)
 			}
 			require.Equal(t, before, updates(), "a duplicate updated a row")
 
@@ -272,7 +272,7 @@ func TestDuplicateAcquireWritesNothing(t *testing.T) {
 			// fingerprint for a record without one is adopted.
 			res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "held", Owner: "dup", LeaseTTL: time.Minute, Retention: time.Hour, Fingerprint: []byte("fp")})
 			require.NoError(t, err)
-			require.Equal(t, backends.InProgress, res.Status)
+			require.Equal(t, backends.StatusInProgress, res.Status)
 			require.Equal(t, []byte("fp"), res.Fingerprint)
 			require.Greater(t, updates(), before, "the fingerprint was adopted")
 		})

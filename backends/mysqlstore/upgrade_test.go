@@ -166,7 +166,7 @@ func TestUpgradeFrom010(t *testing.T) {
 
 	ar, err := s.Acquire(ctx, backends.AcquireRequest{Key: "new", Owner: "new-a", LeaseTTL: time.Minute, Retention: time.Hour, Origin: "message_uuid=a handler=h"})
 	require.NoError(t, err)
-	require.Equal(t, backends.Acquired, ar.Status)
+	require.Equal(t, backends.StatusAcquired, ar.Status)
 	rec, err = s.Inspect(ctx, "new")
 	require.NoError(t, err)
 	require.Equal(t, "message_uuid=a handler=h", rec.Origin)

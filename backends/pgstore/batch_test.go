@@ -107,7 +107,7 @@ func TestBatchRefusedCallIsNotAnothersError(t *testing.T) {
 			continue
 		}
 		require.NoError(t, r.err, r.owner)
-		require.Equal(t, backends.Acquired, r.res.Status, r.owner)
+		require.Equal(t, backends.StatusAcquired, r.res.Status, r.owner)
 		rec, err := store.Inspect(ctx, "key-"+r.owner)
 		require.NoError(t, err)
 		require.Equal(t, r.owner, rec.Owner)

@@ -69,7 +69,7 @@ func TestBackendTerminatedMidAcquire(t *testing.T) {
 	require.NoError(t, locker.Rollback(ctx))
 
 	res := acquire(t, onPool, "k", "next")
-	require.Equal(t, backends.Acquired, res.Status, "the victim's acquire wrote nothing")
+	require.Equal(t, backends.StatusAcquired, res.Status, "the victim's acquire wrote nothing")
 	require.Equal(t, 2, res.Lease.Attempt)
 }
 
@@ -105,16 +105,16 @@ func TestServerRestartKeepsCommittedState(t *testing.T) {
 	pg.Restart()
 	l, un := reopen()
 	res := acquire(t, l, "done", "x")
-	require.Equal(t, backends.Completed, res.Status, "the completion survived a restart")
+	require.Equal(t, backends.StatusCompleted, res.Status, "the completion survived a restart")
 	require.Equal(t, []byte("out"), res.Output)
-	require.Equal(t, backends.InProgress, acquire(t, l, "held", "x").Status, "the lease survived a restart")
+	require.Equal(t, backends.StatusInProgress, acquire(t, l, "held", "x").Status, "the lease survived a restart")
 	require.NoError(t, l.Renew(ctx, held.Lease, time.Minute), "and its holder can renew it")
-	require.Equal(t, backends.Completed, acquire(t, un, "done", "x").Status, "a clean restart keeps an UNLOGGED table")
+	require.Equal(t, backends.StatusCompleted, acquire(t, un, "done", "x").Status, "a clean restart keeps an UNLOGGED table")
 
 	pg.Crash()
 	l, un = reopen()
-	require.Equal(t, backends.Completed, acquire(t, l, "done", "y").Status, "the completion survived a crash")
-	require.Equal(t, backends.Acquired, acquire(t, un, "done", "y").Status, "a crash empties an UNLOGGED table")
+	require.Equal(t, backends.StatusCompleted, acquire(t, l, "done", "y").Status, "the completion survived a crash")
+	require.Equal(t, backends.StatusAcquired, acquire(t, un, "done", "y").Status, "a crash empties an UNLOGGED table")
 }
 
 // Migrate is idempotent and safe when several instances start at once.
@@ -145,7 +145,7 @@ func TestConcurrentMigrate(t *testing.T) {
 	s, err := pgstore.New(pool, opts)
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(context.Background()), "and again")
-	require.Equal(t, backends.Acquired, acquire(t, s, "k", "o").Status)
+	require.Equal(t, backends.StatusAcquired, acquire(t, s, "k", "o").Status)
 }
 
 func TestCleanup(t *testing.T) {

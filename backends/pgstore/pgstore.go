@@ -320,17 +320,17 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	res := backends.AcquireResult{Fingerprint: nilIfEmpty(fp)}
 	switch {
 	case state == stateCompleted:
-		res.Status = backends.Completed
+		res.Status = backends.StatusCompleted
 		if completedAt != nil {
 			res.CompletedAt = *completedAt
 		}
 		res.Output = nilIfEmpty(output)
 	case state == stateInProgress && owner == req.Owner:
-		res.Status = backends.Acquired
+		res.Status = backends.StatusAcquired
 		res.Lease = backends.Lease{Key: req.Key, Owner: owner, Token: token, Attempt: int(attempt), Takeover: how == howTakeover}
 		res.Reentrant = how == howReentrant
 	case state == stateInProgress:
-		res.Status = backends.InProgress
+		res.Status = backends.StatusInProgress
 		res.Remaining = leaseExp.Sub(now)
 	default:
 		return backends.AcquireResult{}, fmt.Errorf("pgstore: acquire: record of %q in unexpected state %d", req.Key, state)

@@ -79,11 +79,11 @@ func TestDuplicateAcquireWritesNothing(t *testing.T) {
 				owner := fmt.Sprintf("dup-%d-%d", g, i)
 				res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "done", Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour, Origin: owner})
 				assert.NoError(t, err)
-				assert.Equal(t, backends.Completed, res.Status)
+				assert.Equal(t, backends.StatusCompleted, res.Status)
 				assert.Equal(t, []byte("out"), res.Output)
 				res, err = s.Acquire(ctx, backends.AcquireRequest{Key: "held", Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour, Origin: owner})
 				assert.NoError(t, err)
-				assert.Equal(t, backends.InProgress, res.Status)
+				assert.Equal(t, backends.StatusInProgress, res.Status)
 				assert.Positive(t, res.Remaining)
 			}
 		})
@@ -96,7 +96,7 @@ func TestDuplicateAcquireWritesNothing(t *testing.T) {
 	// record without one is adopted.
 	res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "held", Owner: "dup", LeaseTTL: time.Minute, Retention: time.Hour, Fingerprint: []byte("fp")})
 	require.NoError(t, err)
-	require.Equal(t, backends.InProgress, res.Status)
+	require.Equal(t, backends.StatusInProgress, res.Status)
 	require.Equal(t, []byte("fp"), res.Fingerprint)
 	require.NotEqual(t, before["held"], version("held"), "the fingerprint was adopted")
 }

@@ -44,7 +44,7 @@ func TestPlansAfterEmptyTableAnalyzed(t *testing.T) {
 	lease := func(key, owner string) backends.Lease {
 		res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour})
 		require.NoError(t, err)
-		require.Equal(t, backends.Acquired, res.Status)
+		require.Equal(t, backends.StatusAcquired, res.Status)
 		return res.Lease
 	}
 	// The first Watch takes the listener's connection out of the pool:
@@ -74,7 +74,7 @@ func TestPlansAfterEmptyTableAnalyzed(t *testing.T) {
 		if i%300 == 1 || (i < 20 && i%3 != 0) {
 			res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "other", LeaseTTL: time.Minute, Retention: time.Hour})
 			require.NoError(t, err)
-			require.Equal(t, backends.Completed, res.Status)
+			require.Equal(t, backends.StatusCompleted, res.Status)
 			_, err = store.Inspect(ctx, key)
 			require.NoError(t, err)
 		}

@@ -190,6 +190,6 @@ func TestCompleteTxOutputStoresTheBytes(t *testing.T) {
 	require.Equal(t, backends.StateCompleted, rec.State)
 	require.Equal(t, output, rec.Output, "the bytes as given")
 	dup := acquire(t, s, lease.Key, "duplicate")
-	require.Equal(t, backends.Completed, dup.Status)
+	require.Equal(t, backends.StatusCompleted, dup.Status)
 	require.Equal(t, output, dup.Output, "a duplicate gets the bytes as given")
 }

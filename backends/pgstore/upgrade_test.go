@@ -151,7 +151,7 @@ func TestUpgradeFrom010(t *testing.T) {
 
 	res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "new", Owner: "new-a", LeaseTTL: time.Minute, Retention: time.Hour, Origin: "message_uuid=a handler=h"})
 	require.NoError(t, err)
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 	rec, err = s.Inspect(ctx, "new")
 	require.NoError(t, err)
 	require.Equal(t, "message_uuid=a handler=h", rec.Origin)

@@ -188,7 +188,7 @@ func TestNotifyOnlyForWatchedKeys(t *testing.T) {
 
 	// A duplicate that only looks, without watching, marks nothing.
 	done := acquire(t, s, "done", "a").Lease
-	require.Equal(t, backends.InProgress, acquire(t, s, "done", "b").Status)
+	require.Equal(t, backends.StatusInProgress, acquire(t, s, "done", "b").Status)
 	require.NoError(t, s.Complete(ctx, done, nil))
 	released := acquire(t, s, "released", "a").Lease
 	require.NoError(t, s.Release(ctx, released))
@@ -397,7 +397,7 @@ func TestWatchWithoutLeaseInProgressWokenAtOnce(t *testing.T) {
 	require.NoError(t, s.Release(ctx, released))
 	res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "expired", Owner: "a", LeaseTTL: time.Millisecond, Retention: time.Hour})
 	require.NoError(t, err)
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 	time.Sleep(10 * time.Millisecond)
 	for _, key := range []string{"done", "released", "expired"} {
 		requireWoken(t, mustWatch(t, s, key), key)

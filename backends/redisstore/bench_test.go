@@ -34,7 +34,7 @@ func BenchmarkCalls(b *testing.B) {
 	acquire := func(b *testing.B, key string) backends.Lease {
 		res, err := s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: time.Minute,
 			Retention: time.Minute, Fingerprint: []byte("fp"), Origin: "bench"})
-		if err != nil || res.Status != backends.Acquired {
+		if err != nil || res.Status != backends.StatusAcquired {
 			b.Fatal(res.Status, err)
 		}
 		return res.Lease

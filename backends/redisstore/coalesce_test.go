@@ -168,19 +168,19 @@ func hammer(t *testing.T, s backends.Store, rounds int) {
 						return
 					}
 					switch res.Status {
-					case backends.Acquired:
+					case backends.StatusAcquired:
 						assert.False(t, res.Reentrant, "%+v", res)
 						mu.Lock()
 						wins[k] = append(wins[k], res.Lease)
 						mu.Unlock()
-					case backends.InProgress:
+					case backends.StatusInProgress:
 					default:
 						t.Errorf("shared key %d, round %d: %+v", k, round, res)
 					}
 				}
 				own := fmt.Sprintf("own-%d-%d", w, round)
 				res, err := s.Acquire(ctx, backends.AcquireRequest{Key: own, Owner: owner, LeaseTTL: time.Minute, Retention: time.Minute})
-				if !assert.NoError(t, err) || !assert.Equal(t, backends.Acquired, res.Status) {
+				if !assert.NoError(t, err) || !assert.Equal(t, backends.StatusAcquired, res.Status) {
 					return
 				}
 				assert.EqualValues(t, 1, res.Lease.Token)
@@ -189,7 +189,7 @@ func hammer(t *testing.T, s backends.Store, rounds int) {
 					return
 				}
 				dup, err := s.Acquire(ctx, backends.AcquireRequest{Key: own, Owner: owner + "-dup", LeaseTTL: time.Minute, Retention: time.Minute})
-				if assert.NoError(t, err) && assert.Equal(t, backends.Completed, dup.Status) {
+				if assert.NoError(t, err) && assert.Equal(t, backends.StatusCompleted, dup.Status) {
 					assert.Equal(t, own, string(dup.Output))
 				}
 			})
@@ -296,7 +296,7 @@ func acquired(t *testing.T, ch <-chan result) {
 	t.Helper()
 	r := <-ch
 	require.NoError(t, r.err)
-	require.Equal(t, backends.Acquired, r.res.Status)
+	require.Equal(t, backends.StatusAcquired, r.res.Status)
 }
 
 // expiring is a context whose deadline passes when expire is called.
@@ -534,7 +534,7 @@ func TestStalledRoundTripDoesNotHoldBackOthers(t *testing.T) {
 		select {
 		case r := <-acquireAsync(ctx, s, k):
 			require.NoError(t, r.err)
-			require.Equal(t, backends.Acquired, r.res.Status)
+			require.Equal(t, backends.StatusAcquired, r.res.Status)
 		case <-time.After(wait):
 			t.Fatalf("%s waited behind the stuck round trip", k)
 		}
@@ -671,7 +671,7 @@ func loop(t *testing.T, s backends.Store, workers, calls int, complete bool) {
 			for i := range calls {
 				res, err := s.Acquire(ctx, backends.AcquireRequest{Key: fmt.Sprintf("w%d-%d", w, i), Owner: "o",
 					LeaseTTL: time.Minute, Retention: time.Minute})
-				if !assert.NoError(t, err) || !assert.Equal(t, backends.Acquired, res.Status) {
+				if !assert.NoError(t, err) || !assert.Equal(t, backends.StatusAcquired, res.Status) {
 					return
 				}
 				if complete {

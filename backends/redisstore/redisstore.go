@@ -167,7 +167,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 			"nx", "px", ttl+retention, "get").Text()
 		switch {
 		case errors.Is(err, redis.Nil): // the key was new: it is ours
-			res := backends.AcquireResult{Status: backends.Acquired,
+			res := backends.AcquireResult{Status: backends.StatusAcquired,
 				Lease: backends.Lease{Key: req.Key, Owner: req.Owner, Token: 1, Attempt: 1}}
 			if len(req.Fingerprint) > 0 {
 				res.Fingerprint = req.Fingerprint
@@ -200,7 +200,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 
 // completed is the answer for a key completed as rec says.
 func completed(rec record) backends.AcquireResult {
-	return backends.AcquireResult{Status: backends.Completed, CompletedAt: rec.completedAt,
+	return backends.AcquireResult{Status: backends.StatusCompleted, CompletedAt: rec.completedAt,
 		Fingerprint: rec.fingerprint, Output: rec.output}
 }
 
@@ -226,10 +226,10 @@ func parseAcquire(req backends.AcquireRequest, vals []any) (backends.AcquireResu
 	case 1:
 		lease := rec.lease(req.Key)
 		lease.Takeover = n == 1
-		return backends.AcquireResult{Status: backends.Acquired, Lease: lease, Reentrant: n == 2,
+		return backends.AcquireResult{Status: backends.StatusAcquired, Lease: lease, Reentrant: n == 2,
 			Fingerprint: rec.fingerprint}, nil
 	case 2:
-		return backends.AcquireResult{Status: backends.InProgress, Remaining: time.Duration(n) * time.Millisecond,
+		return backends.AcquireResult{Status: backends.StatusInProgress, Remaining: time.Duration(n) * time.Millisecond,
 			Fingerprint: rec.fingerprint}, nil
 	case 3:
 		return completed(rec), nil

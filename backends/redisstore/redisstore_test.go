@@ -241,13 +241,13 @@ func TestAmbiguousAcquireRetryGetsTheLeaseBack(t *testing.T) {
 
 	res, err := s.Acquire(ctx, req)
 	require.NoError(t, err)
-	require.Equal(t, backends.Acquired, res.Status, "the retry is not told the key is in progress")
+	require.Equal(t, backends.StatusAcquired, res.Status, "the retry is not told the key is in progress")
 	require.True(t, res.Reentrant, "%+v", res)
 	require.Equal(t, 1, res.Lease.Attempt)
 
 	other, err := s.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "owner-2", LeaseTTL: time.Minute, Retention: time.Minute})
 	require.NoError(t, err)
-	require.Equal(t, backends.InProgress, other.Status)
+	require.Equal(t, backends.StatusInProgress, other.Status)
 }
 
 func TestScriptFlushIsHarmless(t *testing.T) {
@@ -341,7 +341,7 @@ func TestPoolExhaustion(t *testing.T) {
 	<-blocked
 	res, err := s.Acquire(context.Background(), backends.AcquireRequest{Key: "k", Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
 	require.NoError(t, err, "the pool recovers once the connection is back")
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 }
 
 // Redis restarted without persistence forgets everything: completed keys,
@@ -375,7 +375,7 @@ func TestRestartWithoutPersistenceLosesState(t *testing.T) {
 	require.ErrorIs(t, s.Renew(ctx, held, time.Minute), backends.ErrLeaseLost, "the holder learns at its next renewal")
 	again, err := s.Acquire(ctx, backends.AcquireRequest{Key: "done", Owner: "b", LeaseTTL: time.Minute, Retention: time.Hour})
 	require.NoError(t, err)
-	require.Equal(t, backends.Acquired, again.Status, "a completed key is forgotten: its duplicate runs again")
+	require.Equal(t, backends.StatusAcquired, again.Status, "a completed key is forgotten: its duplicate runs again")
 	res, err := s.Acquire(ctx, req("new"))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, res.Lease.Token, "fencing tokens start again from 1")
@@ -461,12 +461,12 @@ func TestServerWithoutSetNXGet(t *testing.T) {
 	for i, key := range []string{"a", "b", "c"} {
 		res, err := s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o", LeaseTTL: time.Minute, Retention: time.Minute})
 		require.NoError(t, err, "acquire %d", i)
-		require.Equal(t, backends.Acquired, res.Status)
+		require.Equal(t, backends.StatusAcquired, res.Status)
 		require.EqualValues(t, 1, res.Lease.Token)
 		require.NoError(t, s.Complete(ctx, res.Lease, []byte(key)))
 		res, err = s.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o2", LeaseTTL: time.Minute, Retention: time.Minute})
 		require.NoError(t, err)
-		require.Equal(t, backends.Completed, res.Status)
+		require.Equal(t, backends.StatusCompleted, res.Status)
 		require.Equal(t, key, string(res.Output))
 	}
 	require.EqualValues(t, 1, h.sets.Load(), "SET NX GET tried once")

@@ -75,7 +75,7 @@ func TestRollingUpgrade(t *testing.T) {
 	require.EqualValues(t, 1, n)
 	res, err := s.Acquire(ctx, req("ns:done", "new-a", "fp-2"))
 	require.NoError(t, err)
-	require.Equal(t, backends.Completed, res.Status)
+	require.Equal(t, backends.StatusCompleted, res.Status)
 	require.Equal(t, "the output", string(res.Output))
 	require.Equal(t, "fp-1", string(res.Fingerprint))
 	require.WithinDuration(t, time.Now(), res.CompletedAt, time.Minute)
@@ -95,7 +95,7 @@ func TestRollingUpgrade(t *testing.T) {
 	require.NoError(t, err)
 	res, err = s.Acquire(ctx, req("ns:done-nofp", "new-b", "fp-3"))
 	require.NoError(t, err)
-	require.Equal(t, backends.Completed, res.Status)
+	require.Equal(t, backends.StatusCompleted, res.Status)
 	require.Equal(t, "fp-3", string(res.Fingerprint))
 
 	// A key 0.1.0 holds: in progress for this version, which cannot end
@@ -103,7 +103,7 @@ func TestRollingUpgrade(t *testing.T) {
 	token = old.take("ns:held", "old-c", time.Minute, "")
 	res, err = s.Acquire(ctx, req("ns:held", "new-c", ""))
 	require.NoError(t, err)
-	require.Equal(t, backends.InProgress, res.Status)
+	require.Equal(t, backends.StatusInProgress, res.Status)
 	require.Positive(t, res.Remaining)
 	require.LessOrEqual(t, res.Remaining, time.Minute)
 	oldLease := backends.Lease{Key: "ns:held", Owner: "old-c", Token: token, Attempt: 1}
@@ -122,7 +122,7 @@ func TestRollingUpgrade(t *testing.T) {
 	require.EqualValues(t, 1, n, "0.1.0 completes the key it holds")
 	res, err = s.Acquire(ctx, req("ns:held", "new-c", ""))
 	require.NoError(t, err)
-	require.Equal(t, backends.Completed, res.Status)
+	require.Equal(t, backends.StatusCompleted, res.Status)
 
 	// A key 0.1.0 released: taken with the next token; 0.1.0 can no
 	// longer acquire it.
@@ -137,7 +137,7 @@ func TestRollingUpgrade(t *testing.T) {
 	newReq.Origin = "message_uuid=d handler=h"
 	res, err = s.Acquire(ctx, newReq)
 	require.NoError(t, err)
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 	require.False(t, res.Lease.Takeover)
 	require.EqualValues(t, token+1, res.Lease.Token)
 	require.Equal(t, 2, res.Lease.Attempt)
@@ -156,7 +156,7 @@ func TestRollingUpgrade(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	res, err = s.Acquire(ctx, req("ns:expired", "new-f", ""))
 	require.NoError(t, err)
-	require.Equal(t, backends.Acquired, res.Status)
+	require.Equal(t, backends.StatusAcquired, res.Status)
 	require.True(t, res.Lease.Takeover)
 	require.EqualValues(t, token+1, res.Lease.Token)
 	for name, script := range map[string]*redis.Script{"complete": old.complete, "release": old.release} {

@@ -71,7 +71,7 @@ func perCall(ctx context.Context, url string, store *pgstore.Store, rounds int) 
 		kinds := []func(i int) error{
 			func(i int) error {
 				res, err := s.Acquire(ctx, request(keys[i], "holder"))
-				if err == nil && res.Status != backends.Acquired {
+				if err == nil && res.Status != backends.StatusAcquired {
 					err = fmt.Errorf("acquire of a fresh key: %v", res.Status)
 				}
 				leases[i] = res.Lease
@@ -80,7 +80,7 @@ func perCall(ctx context.Context, url string, store *pgstore.Store, rounds int) 
 			func(i int) error { return s.Complete(ctx, leases[i], nil) },
 			func(i int) error {
 				res, err := s.Acquire(ctx, request(keys[i], "duplicate"))
-				if err == nil && res.Status != backends.Completed {
+				if err == nil && res.Status != backends.StatusCompleted {
 					err = fmt.Errorf("acquire of a completed key: %v", res.Status)
 				}
 				return err

@@ -118,7 +118,7 @@ func record(ctx context.Context, s backends.Store, complete bool) (string, error
 	if err != nil {
 		return "", err
 	}
-	if res.Status != backends.Acquired {
+	if res.Status != backends.StatusAcquired {
 		return "", fmt.Errorf("key %s: %v", key, res.Status)
 	}
 	if complete {

@@ -105,7 +105,7 @@ func run(addr string, clients, deliveries int, duration time.Duration, requests,
 		if err != nil {
 			return err
 		}
-		if res.Status != backends.Acquired {
+		if res.Status != backends.StatusAcquired {
 			return fmt.Errorf("key %s: %v", key, res.Status)
 		}
 		return store.Complete(ctx, res.Lease, nil)
@@ -251,12 +251,12 @@ func callCosts(ctx context.Context, c *redis.Client, store *redisstore.Store, n 
 		name string
 		op   func(int) error
 	}{
-		{"Acquire, new key", acquire("a", backends.Acquired)},
+		{"Acquire, new key", acquire("a", backends.StatusAcquired)},
 		{"Renew", func(i int) error { return store.Renew(ctx, leases[i], 30*time.Second) }},
 		{"Release", func(i int) error { return store.Release(ctx, leases[i]) }},
-		{"Acquire, released key", acquire("b", backends.Acquired)},
+		{"Acquire, released key", acquire("b", backends.StatusAcquired)},
 		{"Complete", func(i int) error { return store.Complete(ctx, leases[i], nil) }},
-		{"Acquire, completed key", acquire("c", backends.Completed)},
+		{"Acquire, completed key", acquire("c", backends.StatusCompleted)},
 	}
 	var out []cost
 	for _, st := range steps {

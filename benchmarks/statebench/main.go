@@ -124,7 +124,7 @@ func fill(ctx context.Context, store backends.Store, ns string, n int) error {
 			for i := w; i < n; i += workers {
 				res, err := store.Acquire(ctx, backends.AcquireRequest{Key: fmt.Sprintf("%s:k%07d", ns, i), Owner: "statebench",
 					LeaseTTL: time.Hour, Retention: 24 * time.Hour})
-				if err == nil && res.Status == backends.Acquired && i%10 != 0 {
+				if err == nil && res.Status == backends.StatusAcquired && i%10 != 0 {
 					err = store.Complete(ctx, res.Lease, nil)
 				}
 				if err != nil {

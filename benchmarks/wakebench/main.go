@@ -248,7 +248,7 @@ func wait(store backends.Store, watch bool, hold time.Duration) (sample, error) 
 	if err != nil {
 		return sample{}, err
 	}
-	if held.Status != backends.Acquired {
+	if held.Status != backends.StatusAcquired {
 		return sample{}, fmt.Errorf("holder: key %s %v", id, held.Status)
 	}
 	acked := make(chan time.Time, 1)

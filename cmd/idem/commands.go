@@ -242,9 +242,9 @@ func complete(ctx context.Context, e *env, o *completeOpts, key string) (outcome
 		return outcome{}, err
 	}
 	switch res.Status {
-	case backends.Completed:
+	case backends.StatusCompleted:
 		return outcome{actionAlreadyCompleted, "already completed: the next delivery is dropped", nil}, nil
-	case backends.InProgress:
+	case backends.StatusInProgress:
 		return outcome{}, refused(actionChanged, key, "was taken by another holder since it was inspected: not completed")
 	}
 	if err := e.store.Complete(ctx, res.Lease, nil); errors.Is(err, backends.ErrLeaseLost) {

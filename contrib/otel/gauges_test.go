@@ -116,7 +116,7 @@ func TestGaugesCountRecords(t *testing.T) {
 		t.Helper()
 		res, err := store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: "o-" + key, LeaseTTL: ttl, Retention: time.Hour})
 		require.NoError(t, err)
-		require.Equal(t, backends.Acquired, res.Status)
+		require.Equal(t, backends.StatusAcquired, res.Status)
 		return res.Lease
 	}
 	offset.Store(int64(-time.Hour))

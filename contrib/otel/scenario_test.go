@@ -167,7 +167,7 @@ type gate struct {
 
 func (g *gate) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
 	res, err := g.Store.Acquire(ctx, req)
-	if err == nil && req.Key == g.key && res.Status == backends.InProgress {
+	if err == nil && req.Key == g.key && res.Status == backends.StatusInProgress {
 		g.once.Do(func() { close(g.waiting) })
 	}
 	return res, err

@@ -201,7 +201,7 @@ func (s *instrumented) Acquire(ctx context.Context, req backends.AcquireRequest)
 	res, err := s.next.Acquire(ctx, req)
 	if c.span != nil && err == nil {
 		c.span.SetAttributes(AttrStatus.String(res.Status.String()))
-		if res.Status == backends.Acquired {
+		if res.Status == backends.StatusAcquired {
 			c.span.SetAttributes(AttrFencingToken.Int64(res.Lease.Token))
 		}
 	}

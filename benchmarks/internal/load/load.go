@@ -98,7 +98,7 @@ func StoreCycle(store backends.Store) func(ctx context.Context, key string) erro
 		if err != nil {
 			return err
 		}
-		if res.Status != backends.Acquired {
+		if res.Status != backends.StatusAcquired {
 			return fmt.Errorf("key %s: %v", key, res.Status)
 		}
 		return store.Complete(ctx, res.Lease, nil)
