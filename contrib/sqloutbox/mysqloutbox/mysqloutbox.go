@@ -303,7 +303,7 @@ func (m *Outbox) Prune(ctx context.Context, olderThan time.Duration, batch int) 
 // (rows not marked forwarded), and how long the oldest of them has
 // waited, by the database's clock (zero if none does). It scans the
 // outbox table, as each read of the Forwarder does: prune forwarded rows
-// (docs/outbox.md) to keep both short. It implements contrib/otel's
+// (docs/outbox.md) to keep both short. It implements contrib/idemotel's
 // OutboxBacklog, for the outbox gauges.
 //
 // It returns [ErrBacklogUnsupported] unless Options.Schema and
