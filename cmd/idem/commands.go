@@ -16,7 +16,6 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/dynamostore"
-	"github.com/watermill-idempotency/idempotency/backends/storekit"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -315,9 +314,6 @@ var listCmd = &command{
 			return err
 		}
 		req := backends.ListRequest{Namespace: o.namespace, Limit: o.limit, Cursor: o.cursor}
-		if err := checkCursor(req); err != nil {
-			return usageError{err}
-		}
 		if o.state != "" {
 			st, err := backends.ParseState(o.state)
 			if err != nil {
@@ -326,6 +322,9 @@ var listCmd = &command{
 			req.State = st
 		}
 		page, err := e.store.List(ctx, req)
+		if errors.Is(err, backends.ErrInvalidCursor) {
+			return usageError{badCursor(o, err)}
+		}
 		if errors.Is(err, backends.ErrInvalidRequest) {
 			return usageError{err}
 		}
@@ -354,27 +353,16 @@ var listCmd = &command{
 	},
 }
 
-// checkCursor refuses a --cursor that no page of the request's namespace
-// printed. A cursor is the last key of its page, base64url-encoded
-// (storekit.ListCursor): it must decode, be encoded as a page encodes it,
-// and name a key in the namespace, which every key the middleware writes
-// has. A store would take any decodable cursor, and answer a mistyped one
-// with a page that is wrongly empty.
-func checkCursor(req backends.ListRequest) error {
-	if req.Cursor == "" {
-		return nil
+// badCursor says why the store refused a --cursor. The cursor is opaque
+// (backends.ListRequest): idem passes it to the store as given, and the
+// store refuses one that is malformed or, for the stores of this module,
+// of another namespace, rather than answering with a page that is wrongly
+// empty.
+func badCursor(o *listOpts, err error) error {
+	if o.namespace == "" {
+		return fmt.Errorf("--cursor %q is not a cursor idem list printed: %w", o.cursor, err)
 	}
-	after, err := storekit.ParseListCursor(req.Cursor)
-	if err != nil || storekit.ListCursor(after) != req.Cursor {
-		return fmt.Errorf("--cursor %q is not a cursor idem list printed", req.Cursor)
-	}
-	if ns, _, ok := strings.Cut(after, ":"); !ok || ns == "" {
-		return fmt.Errorf("--cursor %q is not a cursor idem list printed: it names no namespace:key", req.Cursor)
-	}
-	if !strings.HasPrefix(after, storekit.ListPrefix(req.Namespace)) {
-		return fmt.Errorf("--cursor %q is not a cursor of namespace %q: it continues after %q", req.Cursor, req.Namespace, after)
-	}
-	return nil
+	return fmt.Errorf("--cursor %q is not a cursor idem list printed for namespace %q: %w", o.cursor, o.namespace, err)
 }
 
 type namespaceOpts struct{ namespace string }
