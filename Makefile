@@ -3,7 +3,7 @@ GO          ?= go
 TEST_FLAGS  ?= -race -count=1
 BENCH_COUNT ?= 6
 BENCH_DIR   ?= .bench
-MODULES     := . examples benchmarks backends/dynamostore backends/mysqlstore contrib/awssqs contrib/otel contrib/sqloutbox cmd/idem monitoring
+MODULES     := . examples benchmarks backends/dynamostore backends/mysqlstore contrib/awssqs contrib/idemotel contrib/sqloutbox cmd/idem monitoring
 TOOL_MODS   := tools
 
 SHELL       := bash
@@ -79,7 +79,7 @@ idem: ## Build the idem operator command into bin/idem
 
 # The modules' tests, longest first; TEST_JOBS of them run at once, each
 # module's output printed whole when it ends.
-TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/sqloutbox contrib/otel monitoring cmd/idem contrib/awssqs benchmarks tools
+TEST_MODULES := examples core backends/dynamostore backends/mysqlstore contrib/sqloutbox contrib/idemotel monitoring cmd/idem contrib/awssqs benchmarks tools
 TEST_JOBS    ?= 3
 
 .PHONY: test
@@ -167,7 +167,7 @@ bench-core: bin/testenv ## Benchmark the middleware on the in-memory store again
 	@mkdir -p $(BENCH_DIR)
 	$(BENCH_ENV) redis,postgres -- sh -c '$(GO) test -run "^$$" -bench . -benchmem -count $(BENCH_COUNT) ./middleware/' | tee $(BENCH_DIR)/middleware.txt
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./keyfunc/ | tee $(BENCH_DIR)/keyfunc.txt
-	cd contrib/otel && $(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) . | tee $(abspath $(BENCH_DIR))/otel.txt
+	cd contrib/idemotel && $(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) . | tee $(abspath $(BENCH_DIR))/otel.txt
 	@echo; echo "== middleware per message, against Watermill's Deduplicator (base) and no middleware"
 	cd tools && GOWORK=off $(GO) tool benchstat -filter '-.name:StoreCallContext' -col '/mw@(deduplicator idempotency none)' $(abspath $(BENCH_DIR))/middleware.txt
 	@echo; echo "== one store call under the middleware's deadline context (base) and context.WithTimeout"

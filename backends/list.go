@@ -24,12 +24,19 @@ type Lister interface {
 	// List returns the page of records after req.Cursor, or an error
 	// wrapping [ErrInvalidRequest] for a malformed request or cursor (a
 	// limit out of 1 to [MaxListLimit], an unknown state, a malformed
-	// cursor).
+	// cursor). An error about the cursor wraps [ErrInvalidCursor] too;
+	// the stores of this module (through storekit.ValidateList) also
+	// refuse so a cursor of another namespace.
 	List(ctx context.Context, req ListRequest) (ListPage, error)
 
 	// Count counts the records of a namespace by state.
 	Count(ctx context.Context, namespace string) (Counts, error)
 }
+
+// ErrInvalidCursor is wrapped by List's error for a cursor it cannot page
+// from: malformed, or of another namespace. It wraps [ErrInvalidRequest],
+// so errors.Is matches either.
+var ErrInvalidCursor = fmt.Errorf("%w: list cursor", ErrInvalidRequest)
 
 // ListRequest asks a [Lister] for one page.
 type ListRequest struct {

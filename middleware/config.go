@@ -155,7 +155,7 @@ type Config struct {
 	// metadata its handler gave it when it was first produced, trace
 	// propagation fields (traceparent, tracestate, baggage) included if
 	// the handler set them; dropping those keeps a replay from claiming
-	// the first delivery's trace. contrib/otel's PropagationKeys lists a
+	// the first delivery's trace. contrib/idemotel's PropagationKeys lists a
 	// propagator's fields. Defaults to none: replays are exact copies.
 	ReplayDropMetadata []string
 }

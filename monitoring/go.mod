@@ -7,7 +7,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/watermill-idempotency/idempotency v0.2.0
-	github.com/watermill-idempotency/idempotency/contrib/otel v0.2.0
+	github.com/watermill-idempotency/idempotency/contrib/idemotel v0.2.0
 	github.com/watermill-idempotency/idempotency/contrib/sqloutbox v0.2.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0

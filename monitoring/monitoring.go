@@ -1,6 +1,6 @@
 // Package monitoring is the operations pack of the idempotency
 // middleware: a Grafana dashboard and Prometheus alerting rules over the
-// metrics of contrib/otel, each alert with a runbook in
+// metrics of contrib/idemotel, each alert with a runbook in
 // docs/operations.md.
 //
 // The files are meant to be installed as they are: import dashboard.json
@@ -12,7 +12,7 @@
 //
 // The tests of this module check the rules with promtool (alerts_test.yaml
 // has a firing and a quiet case for each alert), and run a service with the
-// middleware, contrib/otel and a Postgres store and outbox under a real
+// middleware, contrib/idemotel and a Postgres store and outbox under a real
 // Prometheus, through every outcome: every query of the dashboard, every
 // alert's expression and every PromQL snippet of docs/operations.md must
 // return data.

@@ -23,7 +23,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
-	idemotel "github.com/watermill-idempotency/idempotency/contrib/otel"
+	"github.com/watermill-idempotency/idempotency/contrib/idemotel"
 	"github.com/watermill-idempotency/idempotency/contrib/sqloutbox"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
@@ -79,7 +79,7 @@ func (f *faults) Complete(ctx context.Context, l backends.Lease, output []byte) 
 
 // service is what a team runs: a router whose handlers run under the
 // middleware on a Postgres store, one of them writing its receipts
-// through the outbox, with contrib/otel's observer, instrumented store
+// through the outbox, with contrib/idemotel's observer, instrumented store
 // and gauges served at /metrics through OpenTelemetry's Prometheus
 // exporter.
 type service struct {

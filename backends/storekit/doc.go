@@ -1,6 +1,9 @@
-// Package storekit is for store authors: what the stores of this
-// repository share beyond the contract in package backends, for a
-// third-party store to share too. Users of the middleware do not need it.
+// Package storekit is for store authors and for the library's own
+// constructors: what the stores of this repository share beyond the
+// contract in package backends, for a third-party store to share too, and
+// the checks the middleware and the contrib modules (idemotel, awssqs,
+// sqloutbox) make of the clients and stores they are given ([IsNil]). An
+// application that uses the middleware does not import it.
 //
 // # Checking requests
 //
@@ -25,7 +28,8 @@
 //
 // # Lifecycle
 //
-// [IsNil] tells a constructor it was given a typed nil client, and
+// [IsNil] tells a constructor it was given a typed nil client (a store's
+// constructor) or store (a constructor that uses or wraps one), and
 // [RunCleaner] runs a cleanup in batches on a timer, for a store whose
 // server does not forget expired records by itself.
 //

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/watermill-idempotency/idempotency/backends"
@@ -12,8 +13,12 @@ import (
 
 // ValidateList reports whether a List request is well formed (its limit
 // 1 to [backends.MaxListLimit], its state known, its cursor one that
-// [ListCursor] wrote), wrapping [backends.ErrInvalidRequest] if not. A
-// store calls it in List before it touches the server.
+// [ListCursor] wrote for a key of the request's namespace), wrapping
+// [backends.ErrInvalidRequest] if not, and [backends.ErrInvalidCursor]
+// too when the cursor is at fault. A store calls it in List before it
+// touches the server. A cursor of another namespace is refused rather than
+// answered with a page that is wrongly empty; an empty namespace takes the
+// cursor of any.
 func ValidateList(req backends.ListRequest) error {
 	if req.Limit < 1 || req.Limit > backends.MaxListLimit {
 		return fmt.Errorf("%w: list limit out of range (1 to %d): %d", backends.ErrInvalidRequest, backends.MaxListLimit, req.Limit)
@@ -21,8 +26,12 @@ func ValidateList(req backends.ListRequest) error {
 	if req.State != 0 && (req.State < backends.StateInProgress || req.State > backends.StateCompleted) {
 		return fmt.Errorf("%w: unknown state %d", backends.ErrInvalidRequest, int(req.State))
 	}
-	if _, err := ParseListCursor(req.Cursor); err != nil {
+	after, err := ParseListCursor(req.Cursor)
+	if err != nil {
 		return err
+	}
+	if prefix := ListPrefix(req.Namespace); after != "" && !strings.HasPrefix(after, prefix) {
+		return fmt.Errorf("%w %q continues after %q, not a key of namespace %q", backends.ErrInvalidCursor, req.Cursor, after, req.Namespace)
 	}
 	return nil
 }
@@ -58,15 +67,17 @@ func ListCursor(last string) string { return base64.RawURLEncoding.EncodeToStrin
 
 // ParseListCursor decodes a cursor [ListCursor] wrote into the last key
 // of the previous page: empty for an empty cursor (the first page). It
-// returns an error wrapping [backends.ErrInvalidRequest] for a cursor
-// that is not base64url or decodes to no key, or one too long.
+// returns an error wrapping [backends.ErrInvalidCursor] (and so
+// [backends.ErrInvalidRequest]) for a cursor that is not base64url as
+// ListCursor writes it (unpadded, canonical) or decodes to no key, or one
+// too long.
 func ParseListCursor(cursor string) (after string, err error) {
 	if cursor == "" {
 		return "", nil
 	}
-	b, err := base64.RawURLEncoding.DecodeString(cursor)
+	b, err := base64.RawURLEncoding.Strict().DecodeString(cursor)
 	if err != nil || len(b) == 0 || len(b) > backends.MaxKeyBytes {
-		return "", fmt.Errorf("%w: malformed list cursor %q", backends.ErrInvalidRequest, cursor)
+		return "", fmt.Errorf("%w %q is malformed", backends.ErrInvalidCursor, cursor)
 	}
 	return string(b), nil
 }

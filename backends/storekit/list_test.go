@@ -45,9 +45,12 @@ func TestListCursor(t *testing.T) {
 	after, err := storekit.ParseListCursor("")
 	require.NoError(t, err)
 	require.Empty(t, after, "the first page")
-	for _, bad := range []string{"not base64!", "YQ==", storekit.ListCursor(strings.Repeat("k", backends.MaxKeyBytes+1))} {
+	// "YR" decodes to "a" leniently, but ListCursor("a") is "YQ": a
+	// cursor is read back only as ListCursor writes it.
+	for _, bad := range []string{"not base64!", "YQ==", "YR", storekit.ListCursor(strings.Repeat("k", backends.MaxKeyBytes+1))} {
 		_, err := storekit.ParseListCursor(bad)
 		require.ErrorIs(t, err, backends.ErrInvalidRequest, bad)
+		require.ErrorIs(t, err, backends.ErrInvalidCursor, bad)
 	}
 }
 
@@ -62,6 +65,22 @@ func TestValidateList(t *testing.T) {
 	} {
 		require.ErrorIs(t, storekit.ValidateList(req), backends.ErrInvalidRequest, name)
 	}
+}
+
+// A cursor is good for its own namespace only, and for every namespace at
+// once (an empty one); one of another namespace is refused, not answered
+// with a page that is wrongly empty.
+func TestValidateListCursorNamespace(t *testing.T) {
+	cursor := storekit.ListCursor("orders:o-1")
+	require.NoError(t, storekit.ValidateList(backends.ListRequest{Namespace: "orders", Limit: 1, Cursor: cursor}))
+	require.NoError(t, storekit.ValidateList(backends.ListRequest{Limit: 1, Cursor: cursor}), "every namespace")
+	for _, ns := range []string{"refunds", "order", "orders:o"} {
+		err := storekit.ValidateList(backends.ListRequest{Namespace: ns, Limit: 1, Cursor: cursor})
+		require.ErrorIs(t, err, backends.ErrInvalidCursor, ns)
+		require.ErrorIs(t, err, backends.ErrInvalidRequest, ns)
+	}
+	err := storekit.ValidateList(backends.ListRequest{Limit: 0, Cursor: cursor})
+	require.False(t, errors.Is(err, backends.ErrInvalidCursor), "a bad limit is not the cursor's fault: %v", err)
 }
 
 // records is a store's records by key, for Page to read.

@@ -1,4 +1,4 @@
-// Command statebench measures what one collection of contrib/otel's store
+// Command statebench measures what one collection of contrib/idemotel's store
 // gauges costs: a backends.Lister Count of one namespace, on each store,
 // with 10,000 and 100,000 records in the namespace, and of an empty
 // namespace beside them. It reports the median time of a Count and what

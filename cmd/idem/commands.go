@@ -16,7 +16,6 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/dynamostore"
-	"github.com/watermill-idempotency/idempotency/backends/storekit"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -89,9 +88,39 @@ func newActionView(key, action, message string, rec *backends.Record) actionView
 func (e *env) inspect(ctx context.Context, key string) (backends.Record, error) {
 	rec, err := e.store.Inspect(ctx, key)
 	if errors.Is(err, backends.ErrNotFound) {
-		return rec, notFound(key, "has no record (never seen, or forgotten after its retention)")
+		return rec, noRecord(key)
 	}
 	return rec, err
+}
+
+func noRecord(key string) error {
+	return notFound(key, "has no record (never seen, or forgotten after its retention)")
+}
+
+// actOnRecord is what release, complete and delete share: it inspects
+// key, runs do with its record, and reports the outcome as act does. A
+// key without a record is a not-found error, unless missing is not nil:
+// then missing decides.
+func (e *env) actOnRecord(ctx context.Context, key string, missing func() (outcome, error), do func(rec backends.Record) (outcome, error)) error {
+	return e.act(key, func() (outcome, error) {
+		rec, err := e.store.Inspect(ctx, key)
+		switch {
+		case errors.Is(err, backends.ErrNotFound) && missing != nil:
+			return missing()
+		case errors.Is(err, backends.ErrNotFound):
+			return outcome{}, noRecord(key)
+		case err != nil:
+			return outcome{}, err
+		}
+		return do(rec)
+	})
+}
+
+// held refuses to act on a key that a live lease holds, without --force;
+// verb is the command.
+func held(key, verb string, rec backends.Record) error {
+	return refused(actionInProgress, key, "is in progress: owner %s (token %d) holds it for %v more: --force to %s it anyway",
+		rec.Owner, rec.Token, time.Until(rec.LeaseExpiresAt).Round(time.Millisecond), verb)
 }
 
 // show prints one record in the chosen format.
@@ -161,15 +190,11 @@ var releaseCmd = &command{
 			return err
 		}
 		key := args[0]
-		return e.act(key, func() (outcome, error) {
-			rec, err := e.inspect(ctx, key)
-			if err != nil {
-				return outcome{}, err
-			}
+		return e.actOnRecord(ctx, key, nil, func(rec backends.Record) (outcome, error) {
 			if rec.State != backends.StateInProgress && rec.State != backends.StateExpired {
 				return outcome{}, refused(actionNoLease, key, "is %s: there is no lease to release", rec.State)
 			}
-			err = e.store.Release(ctx, leaseOf(rec))
+			err := e.store.Release(ctx, leaseOf(rec))
 			if errors.Is(err, backends.ErrLeaseLost) {
 				return outcome{}, refused(actionChanged, key, "changed since it was inspected (owner %s, token %d): nothing released", rec.Owner, rec.Token)
 			}
@@ -211,24 +236,23 @@ var completeCmd = &command{
 		if ns, _, ok := strings.Cut(key, ":"); o.create && (!ok || ns == "") {
 			return usageError{fmt.Errorf("%q has no namespace: --create takes the full key, namespace:key, where the namespace is the handler's name unless Config.Namespace is set", key)}
 		}
-		return e.act(key, func() (outcome, error) { return complete(ctx, e, o, key) })
+		missing := func() (outcome, error) {
+			if !o.create {
+				return outcome{}, notFound(key, "has no record, so nothing to complete: --create to record it as completed")
+			}
+			return completeKey(ctx, e, o, key)
+		}
+		return e.actOnRecord(ctx, key, missing, func(rec backends.Record) (outcome, error) { return complete(ctx, e, o, key, rec) })
 	},
 }
 
-func complete(ctx context.Context, e *env, o *completeOpts, key string) (outcome, error) {
-	rec, err := e.store.Inspect(ctx, key)
+// complete completes key, whose record idem inspected.
+func complete(ctx context.Context, e *env, o *completeOpts, key string, rec backends.Record) (outcome, error) {
 	switch {
-	case errors.Is(err, backends.ErrNotFound):
-		if !o.create {
-			return outcome{}, notFound(key, "has no record, so nothing to complete: --create to record it as completed")
-		}
-	case err != nil:
-		return outcome{}, err
 	case rec.State == backends.StateCompleted:
 		return outcome{actionAlreadyCompleted, "already completed: the next delivery is dropped", &rec}, nil
 	case live(rec) && !o.force:
-		return outcome{}, refused(actionInProgress, key, "is in progress: owner %s (token %d) holds it for %v more: --force to complete it anyway",
-			rec.Owner, rec.Token, time.Until(rec.LeaseExpiresAt).Round(time.Millisecond))
+		return outcome{}, held(key, "complete", rec)
 	case live(rec):
 		if err := e.store.Release(ctx, leaseOf(rec)); errors.Is(err, backends.ErrLeaseLost) {
 			return outcome{}, refused(actionChanged, key, "changed since it was inspected: not completed")
@@ -236,6 +260,12 @@ func complete(ctx context.Context, e *env, o *completeOpts, key string) (outcome
 			return outcome{}, err
 		}
 	}
+	return completeKey(ctx, e, o, key)
+}
+
+// completeKey takes a lease on key, which no live lease holds, and
+// completes it.
+func completeKey(ctx context.Context, e *env, o *completeOpts, key string) (outcome, error) {
 	res, err := e.store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: operatorOwner(), LeaseTTL: 30 * time.Second, Retention: o.retention,
 		Origin: "idem complete"})
 	if err != nil {
@@ -274,14 +304,9 @@ var deleteCmd = &command{
 			return err
 		}
 		key := args[0]
-		return e.act(key, func() (outcome, error) {
-			rec, err := e.inspect(ctx, key)
-			if err != nil {
-				return outcome{}, err
-			}
+		return e.actOnRecord(ctx, key, nil, func(rec backends.Record) (outcome, error) {
 			if live(rec) && !opts.(*forceOpts).force {
-				return outcome{}, refused(actionInProgress, key, "is in progress: owner %s (token %d) holds it for %v more: --force to delete it anyway",
-					rec.Owner, rec.Token, time.Until(rec.LeaseExpiresAt).Round(time.Millisecond))
+				return outcome{}, held(key, "delete", rec)
 			}
 			if err := e.store.Delete(ctx, key); errors.Is(err, backends.ErrNotFound) {
 				return outcome{}, notFound(key, "is gone since it was inspected")
@@ -315,9 +340,6 @@ var listCmd = &command{
 			return err
 		}
 		req := backends.ListRequest{Namespace: o.namespace, Limit: o.limit, Cursor: o.cursor}
-		if err := checkCursor(req); err != nil {
-			return usageError{err}
-		}
 		if o.state != "" {
 			st, err := backends.ParseState(o.state)
 			if err != nil {
@@ -326,6 +348,9 @@ var listCmd = &command{
 			req.State = st
 		}
 		page, err := e.store.List(ctx, req)
+		if errors.Is(err, backends.ErrInvalidCursor) {
+			return usageError{badCursor(o, err)}
+		}
 		if errors.Is(err, backends.ErrInvalidRequest) {
 			return usageError{err}
 		}
@@ -354,27 +379,16 @@ var listCmd = &command{
 	},
 }
 
-// checkCursor refuses a --cursor that no page of the request's namespace
-// printed. A cursor is the last key of its page, base64url-encoded
-// (storekit.ListCursor): it must decode, be encoded as a page encodes it,
-// and name a key in the namespace, which every key the middleware writes
-// has. A store would take any decodable cursor, and answer a mistyped one
-// with a page that is wrongly empty.
-func checkCursor(req backends.ListRequest) error {
-	if req.Cursor == "" {
-		return nil
+// badCursor says why the store refused a --cursor. The cursor is opaque
+// (backends.ListRequest): idem passes it to the store as given, and the
+// store refuses one that is malformed or, for the stores of this module,
+// of another namespace, rather than answering with a page that is wrongly
+// empty.
+func badCursor(o *listOpts, err error) error {
+	if o.namespace == "" {
+		return fmt.Errorf("--cursor %q is not a cursor idem list printed: %w", o.cursor, err)
 	}
-	after, err := storekit.ParseListCursor(req.Cursor)
-	if err != nil || storekit.ListCursor(after) != req.Cursor {
-		return fmt.Errorf("--cursor %q is not a cursor idem list printed", req.Cursor)
-	}
-	if ns, _, ok := strings.Cut(after, ":"); !ok || ns == "" {
-		return fmt.Errorf("--cursor %q is not a cursor idem list printed: it names no namespace:key", req.Cursor)
-	}
-	if !strings.HasPrefix(after, storekit.ListPrefix(req.Namespace)) {
-		return fmt.Errorf("--cursor %q is not a cursor of namespace %q: it continues after %q", req.Cursor, req.Namespace, after)
-	}
-	return nil
+	return fmt.Errorf("--cursor %q is not a cursor idem list printed for namespace %q: %w", o.cursor, o.namespace, err)
 }
 
 type namespaceOpts struct{ namespace string }

@@ -16,7 +16,7 @@ var ErrBacklogUnsupported = outbox.ErrBacklogUnsupported
 // (committed, and past the offset its consumer group stored), and how long
 // the oldest of them has waited, by the database's clock (zero if none
 // does). It is one range scan of the outbox table's primary key over the
-// rows not yet forwarded. It implements contrib/otel's OutboxBacklog, for
+// rows not yet forwarded. It implements contrib/idemotel's OutboxBacklog, for
 // the outbox gauges.
 //
 // It returns [ErrBacklogUnsupported] unless Options.Schema and

@@ -272,8 +272,16 @@ func TestForwarderPublishesToTheDestination(t *testing.T) {
 
 func TestOptions(t *testing.T) {
 	e := newPgEnv(t)
-	if _, err := sqloutbox.NewPostgres(nil, e.store, sqloutbox.Options{}); !errors.Is(err, sqloutbox.ErrInvalidOptions) {
-		t.Errorf("nil pool: got %v", err)
+	// A nil pool is a nil client, as for every store's constructor, and
+	// still invalid options; a nil store is invalid options only.
+	for name, db := range map[string]sqloutbox.PgxDB{"nil pool": nil, "typed nil pool": (*pgxpool.Pool)(nil)} {
+		_, err := sqloutbox.NewPostgres(db, e.store, sqloutbox.Options{})
+		if !errors.Is(err, backends.ErrNilClient) || !errors.Is(err, sqloutbox.ErrInvalidOptions) {
+			t.Errorf("%s: got %v, want ErrNilClient and ErrInvalidOptions", name, err)
+		}
+	}
+	if _, err := sqloutbox.NewPostgres(e.pool, nil, sqloutbox.Options{}); !errors.Is(err, sqloutbox.ErrInvalidOptions) || errors.Is(err, backends.ErrNilClient) {
+		t.Errorf("nil store: got %v, want ErrInvalidOptions only", err)
 	}
 	if _, err := sqloutbox.NewPostgres(e.pool, e.store, sqloutbox.Options{PollInterval: -1}); !errors.Is(err, sqloutbox.ErrInvalidOptions) {
 		t.Errorf("negative PollInterval: got %v", err)

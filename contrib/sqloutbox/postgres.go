@@ -3,7 +3,6 @@ package sqloutbox
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -37,9 +36,14 @@ type Postgres struct {
 
 // NewPostgres returns the outbox of store on db, which must reach the
 // store's database. Call [Postgres.Migrate] once to create its tables.
+//
+// A nil db, or a typed nil one (a nil *pgxpool.Pool), is refused with an
+// error wrapping backends.ErrNilClient, as a store's constructor refuses a
+// nil client, and [ErrInvalidOptions]; a nil store with an error wrapping
+// ErrInvalidOptions, as the middleware refuses one.
 func NewPostgres(db PgxDB, store *pgstore.Store, opts Options) (*Postgres, error) {
-	if db == nil || store == nil {
-		return nil, fmt.Errorf("%w: nil database or store", ErrInvalidOptions)
+	if err := outbox.CheckClients(db, store); err != nil {
+		return nil, err
 	}
 	o, err := outbox.New(wsql.BeginnerFromPgx(db), db, opts.config(), wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{})
 	if err != nil {
@@ -128,9 +132,7 @@ type PgxHandlerFunc func(tx *PgxTx, msg *message.Message) error
 // must wrap the handler (router.AddMiddleware or idem.Middleware around
 // it): without a lease it fails with ErrNoLease.
 func (p *Postgres) Handler(fn PgxHandlerFunc) message.NoPublishHandlerFunc {
-	return func(msg *message.Message) error {
-		return p.WithTx(msg.Context(), func(tx *PgxTx) error { return fn(tx, msg) })
-	}
+	return outbox.Handler(p.WithTx, fn)
 }
 
 // pgTx is a transaction of the outbox's database, as the shared

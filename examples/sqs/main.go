@@ -75,7 +75,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
 	"github.com/watermill-idempotency/idempotency/contrib/awssqs"
-	idemotel "github.com/watermill-idempotency/idempotency/contrib/otel"
+	"github.com/watermill-idempotency/idempotency/contrib/idemotel"
 	"github.com/watermill-idempotency/idempotency/keyfunc"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )

@@ -79,7 +79,7 @@ func TestNoImportUpward(t *testing.T) {
 		}
 	}
 	// A workspace left out (GOWORK=off) would list the core module alone.
-	for _, want := range []string{"backends/memstore", "backends/mysqlstore", "backends/dynamostore", "keyfunc", "middleware", "storetest", "contrib/otel", "cmd/idem"} {
+	for _, want := range []string{"backends/memstore", "backends/mysqlstore", "backends/dynamostore", "keyfunc", "middleware", "storetest", "contrib/idemotel", "cmd/idem"} {
 		if _, ok := graph[repo+"/"+want]; !ok {
 			t.Fatalf("go list %s/... listed no package %s (%d packages): run in the workspace", repo, want, len(graph))
 		}
@@ -98,18 +98,18 @@ func TestUpwardFindsArrowsBackUp(t *testing.T) {
 		repo + "/backends/mysqlstore":     {repo + "/backends", repo + "/middleware"},
 		repo + "/backends/dynamostore/x":  {repo + "/storetest"},
 		repo + "/backends/redisstore":     {repo + "/keyfunc"},
-		repo + "/keyfunc":                 {repo + "/backends", repo + "/contrib/otel"},
+		repo + "/keyfunc":                 {repo + "/backends", repo + "/contrib/idemotel"},
 		repo + "/middleware":              {repo + "/backends", repo + "/keyfunc", repo + "/httpidem"},
 		repo + "/storetest":               {repo + "/middleware", repo + "/httpidem", repo + "/backends"},
 		repo + "/internal/testserver":     {"net"},
-		repo + "/cmd/idem":                {repo + "/backends", repo + "/contrib/otel"},
+		repo + "/cmd/idem":                {repo + "/backends", repo + "/contrib/idemotel"},
 		repo + "/examples/internal/story": {repo + "/storetest"},
 	}
 	want := []string{
 		repo + "/backends/dynamostore/x (floor stores) imports " + repo + "/storetest (floor top)",
 		repo + "/backends/mysqlstore (floor stores) imports " + repo + "/middleware (floor middleware)",
 		repo + "/backends/redisstore (floor stores) imports " + repo + "/keyfunc (floor keys)",
-		repo + "/keyfunc (floor keys) imports " + repo + "/contrib/otel (floor top)",
+		repo + "/keyfunc (floor keys) imports " + repo + "/contrib/idemotel (floor top)",
 		repo + "/middleware (floor middleware) imports " + repo + "/httpidem (floor top)",
 	}
 	if got := upward(graph); !slices.Equal(got, want) {

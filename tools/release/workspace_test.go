@@ -119,10 +119,10 @@ func TestProblems(t *testing.T) {
 }
 
 func TestLayers(t *testing.T) {
-	work := "go 1.26.0\n\nuse (\n\t./examples\n\t./cmd/idem\n\t.\n\t./backends/mysqlstore\n\t./contrib/otel\n)\n"
+	work := "go 1.26.0\n\nuse (\n\t./examples\n\t./cmd/idem\n\t.\n\t./backends/mysqlstore\n\t./contrib/idemotel\n)\n"
 	mods := threeMods("v0.1.0")
-	mods["contrib/otel"] = "module " + root + "/contrib/otel\n\nrequire " + root + " v0.1.0\n"
-	mods["examples"] = "module " + root + "/examples\n\nrequire (\n\t" + root + "/cmd/idem v0.1.0\n\t" + root + "/contrib/otel v0.1.0 // indirect\n)\n"
+	mods["contrib/idemotel"] = "module " + root + "/contrib/idemotel\n\nrequire " + root + " v0.1.0\n"
+	mods["examples"] = "module " + root + "/examples\n\nrequire (\n\t" + root + "/cmd/idem v0.1.0\n\t" + root + "/contrib/idemotel v0.1.0 // indirect\n)\n"
 	layers, err := testWorkspace(t, work, mods).layers()
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +135,7 @@ func TestLayers(t *testing.T) {
 		}
 		got = append(got, strings.Join(dirs, " "))
 	}
-	want := []string{".", "backends/mysqlstore contrib/otel", "cmd/idem", "examples"}
+	want := []string{".", "backends/mysqlstore contrib/idemotel", "cmd/idem", "examples"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("layers %q, want %q", got, want)
 	}
@@ -160,7 +160,7 @@ require (
 
 require (
 	github.com/google/uuid v1.6.0 // indirect
-	` + root + `/contrib/otel v0.1.0 // indirect
+	` + root + `/contrib/idemotel v0.1.0 // indirect
 )
 `
 	want := strings.ReplaceAll(in, " v0.1.0", " v0.2.0")

@@ -45,7 +45,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -155,9 +154,14 @@ type Outbox struct {
 
 // New returns the outbox of store on db, which must reach the store's
 // database. Call [Outbox.Migrate] once to create its tables.
+//
+// A nil db is refused with an error wrapping backends.ErrNilClient, as a
+// store's constructor refuses a nil client, and [ErrInvalidOptions]; a nil
+// store with an error wrapping ErrInvalidOptions, as the middleware
+// refuses one.
 func New(db *sql.DB, store *mysqlstore.Store, opts Options) (*Outbox, error) {
-	if db == nil || store == nil {
-		return nil, fmt.Errorf("%w: nil database or store", ErrInvalidOptions)
+	if err := outbox.CheckClients(db, store); err != nil {
+		return nil, err
 	}
 	cfg := outbox.Config{Topic: opts.Topic, Schema: opts.Schema, Offsets: opts.Offsets, Marshaler: opts.Marshaler, PollInterval: opts.PollInterval, Retention: opts.Retention}
 	// Not DefaultMySQLSchema: see Options.Schema.
@@ -234,9 +238,7 @@ type HandlerFunc func(tx *Tx, msg *message.Message) error
 // was recorded. The idempotency middleware, with this outbox's store,
 // must wrap the handler: without a lease it fails with ErrNoLease.
 func (m *Outbox) Handler(fn HandlerFunc) message.NoPublishHandlerFunc {
-	return func(msg *message.Message) error {
-		return m.WithTx(msg.Context(), func(tx *Tx) error { return fn(tx, msg) })
-	}
+	return outbox.Handler(m.WithTx, fn)
 }
 
 // sqlTx is a transaction of the outbox's database, as the shared
@@ -303,7 +305,7 @@ func (m *Outbox) Prune(ctx context.Context, olderThan time.Duration, batch int) 
 // (rows not marked forwarded), and how long the oldest of them has
 // waited, by the database's clock (zero if none does). It scans the
 // outbox table, as each read of the Forwarder does: prune forwarded rows
-// (docs/outbox.md) to keep both short. It implements contrib/otel's
+// (docs/outbox.md) to keep both short. It implements contrib/idemotel's
 // OutboxBacklog, for the outbox gauges.
 //
 // It returns [ErrBacklogUnsupported] unless Options.Schema and

@@ -20,6 +20,25 @@ import (
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
+// A nil database is a nil client, as for every store's constructor, and
+// still invalid options; a nil store is invalid options only. No server
+// is needed: sql.Open dials nothing.
+func TestNilDatabaseOrStore(t *testing.T) {
+	_, err := mysqloutbox.New(nil, nil, mysqloutbox.Options{})
+	if !errors.Is(err, backends.ErrNilClient) || !errors.Is(err, mysqloutbox.ErrInvalidOptions) {
+		t.Errorf("nil db: got %v, want ErrNilClient and ErrInvalidOptions", err)
+	}
+	db, err := sql.Open("mysql", "idem:idem@tcp(127.0.0.1:1)/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	_, err = mysqloutbox.New(db, nil, mysqloutbox.Options{})
+	if !errors.Is(err, mysqloutbox.ErrInvalidOptions) || errors.Is(err, backends.ErrNilClient) {
+		t.Errorf("nil store: got %v, want ErrInvalidOptions only", err)
+	}
+}
+
 // The outbox on MariaDB: a duplicate of a completed key publishes nothing, a
 // failed handler records nothing, and the transaction is the outbox's.
 func TestMySQL(t *testing.T) {

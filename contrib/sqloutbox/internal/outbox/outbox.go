@@ -16,6 +16,9 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 // DefaultTopic is the outbox topic a zero Config.Topic means.
@@ -51,6 +54,23 @@ type Outbox struct {
 	cfg Config
 	db  wsql.Beginner
 	key wakeKey // its Forwarders in the process
+}
+
+// CheckClients is what both packages' constructors check first. A nil
+// database, or a typed nil one (a nil *pgxpool.Pool as a PgxDB), is an
+// error wrapping backends.ErrNilClient, as every store's constructor
+// returns for a nil client, and ErrInvalidOptions, which it wrapped
+// before. A nil store is an error wrapping ErrInvalidOptions only: the
+// outbox uses the store as the middleware does, which refuses a nil one
+// as a configuration error.
+func CheckClients(db, store any) error {
+	if storekit.IsNil(db) {
+		return fmt.Errorf("%w: nil database: %w", ErrInvalidOptions, backends.ErrNilClient)
+	}
+	if storekit.IsNil(store) {
+		return fmt.Errorf("%w: nil store", ErrInvalidOptions)
+	}
+	return nil
 }
 
 // New returns the outbox of cfg on db; schema and offsets are the

@@ -93,3 +93,11 @@ func (w *wrote) Publish(topic string, msgs ...*message.Message) error {
 	w.any = w.any || len(msgs) > 0
 	return w.Publisher.Publish(topic, msgs...)
 }
+
+// Handler is a router handler that runs fn through withTx (the outbox
+// package's WithTx) with the message's context: both packages' Handler.
+func Handler[T any](withTx func(context.Context, func(T) error) error, fn func(T, *message.Message) error) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		return withTx(msg.Context(), func(tx T) error { return fn(tx, msg) })
+	}
+}

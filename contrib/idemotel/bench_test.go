@@ -9,7 +9,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/watermill-idempotency/idempotency/backends"
-	idemotel "github.com/watermill-idempotency/idempotency/contrib/otel"
+	"github.com/watermill-idempotency/idempotency/contrib/idemotel"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 

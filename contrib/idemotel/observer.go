@@ -16,7 +16,7 @@ import (
 
 // ScopeName is the instrumentation scope of every metric and span this
 // package records: the module's import path.
-const ScopeName = "github.com/watermill-idempotency/idempotency/contrib/otel"
+const ScopeName = "github.com/watermill-idempotency/idempotency/contrib/idemotel"
 
 // The attributes this package records.
 const (

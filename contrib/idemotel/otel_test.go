@@ -21,7 +21,7 @@ import (
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/memstore"
 	"github.com/watermill-idempotency/idempotency/backends/redisstore"
-	idemotel "github.com/watermill-idempotency/idempotency/contrib/otel"
+	"github.com/watermill-idempotency/idempotency/contrib/idemotel"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
@@ -109,9 +109,9 @@ func TestInstrumentStoreKeepsCapabilities(t *testing.T) {
 	require.False(t, ok, "no listing the store lacks")
 
 	_, err = idemotel.InstrumentStore(nil, idemotel.StoreConfig{})
-	require.Error(t, err)
+	require.ErrorIs(t, err, backends.ErrNilClient)
 	_, err = idemotel.InstrumentStore((*memstore.Store)(nil), idemotel.StoreConfig{})
-	require.Error(t, err, "a typed nil store")
+	require.ErrorIs(t, err, backends.ErrNilClient, "a typed nil store")
 }
 
 // Store spans are children of the span in the call's context, and only

@@ -15,7 +15,7 @@ import (
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/memstore"
-	idemotel "github.com/watermill-idempotency/idempotency/contrib/otel"
+	"github.com/watermill-idempotency/idempotency/contrib/idemotel"
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 

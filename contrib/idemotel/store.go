@@ -2,7 +2,6 @@ package idemotel
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -79,11 +78,15 @@ const AttrStatus = attribute.Key("watermill.idempotency.store.status")
 // optional capabilities of the store it wraps, unmeasured: its pool size
 // (backends.PoolSizer) and output limit (backends.OutputLimiter), so the
 // middleware's defaults do not change, its watches (backends.Watcher), and
-// its listing (backends.Lister). It returns an error for a nil store
-// or if the histogram cannot be created.
+// its listing (backends.Lister).
+//
+// Like a store's constructor, it refuses a nil store, or a typed nil one,
+// with an error wrapping backends.ErrNilClient: the wrapped store is the
+// client its calls go to. It also returns an error if the histogram cannot
+// be created.
 func InstrumentStore(store backends.Store, cfg StoreConfig) (backends.Store, error) {
 	if storekit.IsNil(store) {
-		return nil, errors.New("idemotel: InstrumentStore: nil store")
+		return nil, fmt.Errorf("idemotel: InstrumentStore: nil store: %w", backends.ErrNilClient)
 	}
 	mp := cfg.MeterProvider
 	if storekit.IsNil(mp) {

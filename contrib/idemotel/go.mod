@@ -1,4 +1,4 @@
-module github.com/watermill-idempotency/idempotency/contrib/otel
+module github.com/watermill-idempotency/idempotency/contrib/idemotel
 
 go 1.26.0
 

@@ -2,7 +2,7 @@
 // metrics and span events for every delivery, and the latency of every
 // store call.
 //
-//	import idemotel "github.com/watermill-idempotency/idempotency/contrib/otel"
+//	import "github.com/watermill-idempotency/idempotency/contrib/idemotel"
 //
 // It depends on the OpenTelemetry API only: the application chooses the
 // SDK and the exporter (Prometheus, OTLP, ...) and passes its providers,
