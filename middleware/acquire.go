@@ -18,7 +18,14 @@ import (
 // Acquire is re-entrant for the same owner. Errors retrying cannot fix
 // return at once. It also returns when the successful call was sent, which
 // starts the lease.
+//
+// A key in the completed-key cache (Config.CompletedCache) is answered
+// from it, as the store would answer, with no store call; a completion the
+// store reports is cached.
 func (m *Idempotency) acquire(d *delivery) (backends.AcquireResult, time.Time, error) {
+	if res, ok := m.cache.get(d.key); ok {
+		return res, time.Now(), nil
+	}
 	if err := m.guard.enter(d.ctx); err != nil {
 		return backends.AcquireResult{}, time.Time{}, fmt.Errorf("waiting for a store slot: %w", err)
 	}
@@ -34,6 +41,11 @@ func (m *Idempotency) acquire(d *delivery) (backends.AcquireResult, time.Time, e
 		}
 		sent := time.Now()
 		res, err := m.acquireOnce(ctx, t, req)
+		if err == nil && res.Status == backends.StatusCompleted {
+			// The record is kept for Retention after its completion, as
+			// far as this process knows (another may use another).
+			m.cache.put(d.key, res, res.CompletedAt.Add(m.cfg.Retention))
+		}
 		if !retryable(err) {
 			return res, sent, err
 		}

@@ -74,6 +74,13 @@ type Config struct {
 	// Defaults to 24 hours.
 	Retention time.Duration
 
+	// CompletedCache is an opt-in local cache of completed keys: a
+	// duplicate of a key this process completed, or saw completed, is
+	// answered from memory with no store call. Its entries are stale by
+	// up to CompletedCache.TTL: an operator's `idem delete` is not seen
+	// until then (see [CompletedCache]). Off by default.
+	CompletedCache CompletedCache
+
 	// Timing holds every wait, timeout and pause: how long a delivery
 	// waits for the holder of its key, how often it looks at the store
 	// meanwhile, how long a store call may take, and how calls are spaced
@@ -225,6 +232,9 @@ func (c Config) validate() error {
 	check(c.LeaseTTL <= backends.MaxDuration, "LeaseTTL must be at most %v, got %v", backends.MaxDuration, c.LeaseTTL)
 	check(c.Retention <= backends.MaxDuration, "Retention must be at most %v, got %v", backends.MaxDuration, c.Retention)
 	c.Timing.validate(check)
+	check(c.CompletedCache.Size >= 0, "CompletedCache.Size must not be negative, got %d", c.CompletedCache.Size)
+	check(c.CompletedCache.TTL >= 0, "CompletedCache.TTL must not be negative, got %v", c.CompletedCache.TTL)
+	check(c.CompletedCache.Size <= 0 || c.CompletedCache.TTL > 0, "CompletedCache.TTL must be positive when CompletedCache.Size is, got %v", c.CompletedCache.TTL)
 	check(c.MaxConcurrentAcquires > 0, "MaxConcurrentAcquires must be positive, got %d", c.MaxConcurrentAcquires)
 	check(c.MaxKeyBytes > 0, "MaxKeyBytes must be positive, got %d", c.MaxKeyBytes)
 	check(c.MaxKeyBytes <= backends.MaxKeyBytes, "MaxKeyBytes must be at most %d (backends.MaxKeyBytes), got %d", backends.MaxKeyBytes, c.MaxKeyBytes)

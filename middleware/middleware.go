@@ -19,6 +19,7 @@ type Idempotency struct {
 	repeats  *repeats
 	logs     logLimit
 	handlers topicHandlers
+	cache    *completedCache // nil when Config.CompletedCache is off
 }
 
 // New returns the middleware for cfg, or an error wrapping
@@ -29,7 +30,7 @@ func New(cfg Config) (*Idempotency, error) {
 		return nil, err
 	}
 	return &Idempotency{cfg: cfg, guard: newGuard(cfg.MaxConcurrentAcquires, cfg.Timing.StoreBackoff), repeats: newRepeats(cfg.Timing.PoisonBackoff),
-		logs: logLimit{logger: cfg.Logger}}, nil
+		logs: logLimit{logger: cfg.Logger}, cache: newCompletedCache(cfg.CompletedCache)}, nil
 }
 
 // Config returns the configuration in effect: the one given to [New],
@@ -47,6 +48,7 @@ type delivery struct {
 	key    string // the full key, namespace included
 	owner  string
 	fp     []byte
+	recFP  []byte // the record's fingerprint, as the lease's Acquire reported it
 	origin string // for the store's record (AcquireRequest.Origin)
 	ev     Event
 
@@ -121,6 +123,7 @@ func (m *Idempotency) handle(d *delivery, keyErr error) error {
 
 	switch res.Status {
 	case backends.StatusAcquired:
+		d.recFP = res.Fingerprint
 		return m.run(d, res.Lease, sentAt)
 	case backends.StatusCompleted:
 		return m.replay(d, res.Output)

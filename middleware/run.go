@@ -151,6 +151,11 @@ func (m *Idempotency) run(d *delivery, lease backends.Lease, sentAt time.Time) e
 	lost := k.stop()
 	switch {
 	case cerr == nil:
+		// Only a completion this call confirmed is cached: one made in
+		// the work's own transaction is left to the store to report.
+		now := time.Now()
+		m.cache.put(d.key, backends.AcquireResult{Status: backends.StatusCompleted, CompletedAt: now, Output: output, Fingerprint: d.recFP},
+			now.Add(m.cfg.Retention))
 		return m.finish(d, OutcomeProcessed, nil)
 	case m.completedUnder(d, lease):
 		// The work completed the key itself, in the transaction that
