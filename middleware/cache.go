@@ -77,7 +77,11 @@ func (c *completedCache) get(key string) (backends.AcquireResult, bool) {
 		return backends.AcquireResult{}, false
 	}
 	c.lru.MoveToFront(el)
-	return e.res, true
+	// A copy of the output: a replayed message's payload may share its
+	// bytes, and whoever receives it may change them.
+	res := e.res
+	res.Output = clone(res.Output)
+	return res, true
 }
 
 // put caches a completion of key whose record is kept until retainedUntil
