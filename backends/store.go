@@ -243,8 +243,9 @@ type AcquireResult struct {
 	// Remaining is the time left on the holder's lease, by the store's
 	// clock, for InProgress.
 	Remaining time.Duration
-	// CompletedAt is when the work was completed, by the store's clock, for
-	// Completed.
+	// CompletedAt is when the work was completed, for Completed: by the
+	// store's clock, or, where the store keeps no time of its own for it
+	// (DynamoDB, Redis), by the clock of the process that completed it.
 	CompletedAt time.Time
 	// Output is the output stored by Complete, for Completed
 	// ([DecodeOutput] reads it).
@@ -308,7 +309,8 @@ type Record struct {
 	// store gives the same answer, and ExpiresAt is one retention after
 	// it for a released record.
 	LeaseExpiresAt time.Time
-	// CompletedAt is set for StateCompleted.
+	// CompletedAt is set for StateCompleted, by the clock
+	// AcquireResult.CompletedAt names.
 	CompletedAt time.Time
 	// ExpiresAt is when the record itself will be forgotten.
 	ExpiresAt time.Time

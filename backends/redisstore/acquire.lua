@@ -1,5 +1,6 @@
--- The fallback of Acquire, for what its fast path (SET NX PX GET) cannot
--- decide alone: takes the lease on KEYS[1], or says why not.
+-- The fallback of Acquire, for what its fast path (SET NX PX GET, then
+-- take.lua) cannot decide alone: takes the lease on KEYS[1], or says why
+-- not.
 -- ARGV: owner, lease TTL (ms), retention (ms), fingerprint ('' for none),
 -- lease TTL + retention (ms), origin ('' for none).
 -- Returns one of:
@@ -20,10 +21,11 @@
 -- the lease was acquired, ms since the epoch, or, while the key's expiry
 -- is still the one the lease was taken with, '~' and the lease TTL: the
 -- acquisition was that expiry less the retention less the TTL, and
--- neither the client (the fast path) nor this script reads the clock to
--- write it. Renew, Complete, Release and a re-entrant Acquire write the
--- time before they move the expiry (acquiredAt in prelude.lua); it is empty for a
--- record taken over from 0.1.0, which did not keep it.
+-- neither the client (Acquire's SET and take.lua) nor this script reads
+-- the clock to write it. Renew, Complete, Release and a re-entrant Acquire
+-- write the time before they move the expiry (lease.lua; acquiredAt in
+-- prelude.lua); it is empty for a record taken over from 0.1.0, which did
+-- not keep it. A completion's time is the completing holder's clock.
 local key = KEYS[1]
 local owner, ttl, retention, fp, px, origin = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 

@@ -13,12 +13,15 @@ import (
 //
 //	state token ':' owner '\0' attempt ':' retention ':' acquired ':' origin '\0' len(fp) ':' fp [seconds ':' microseconds ':' output]
 //
-// The client writes a fresh key's record itself, with one SET NX PX GET;
-// the scripts only ever cut a record at its separators and join the
-// pieces, so no script converts a number on the common path. acquired is
-// a time (ms since the epoch), empty (unknown: a lease taken over from a
-// 0.1.0 record), or, until the key's expiry first moves, '~' and the
-// lease's TTL: the key's expiry less the retention less that TTL.
+// The client writes a lease's record itself: a fresh key's with one SET
+// NX PX GET, and, from the record that answered, a released or expired
+// key's or its own (take.lua compares and sets). The scripts cut a record
+// at its separators and join the pieces, so no script converts a number
+// on the common path. acquired is a time (ms since the epoch), empty
+// (unknown: a lease taken over from a 0.1.0 record), or, until the key's
+// expiry first moves, '~' and the lease's TTL: the key's expiry less the
+// retention less that TTL. A completion's time is the completing
+// process's clock.
 const (
 	statePending   = 'p'
 	stateReleased  = 'r'
@@ -46,24 +49,46 @@ type record struct {
 // errNotRecord is the error of a string that is not a record.
 var errNotRecord = errors.New("the key holds a string that is not a record of this store")
 
-// freshRecord is the record of a key's first lease, for SET PX of ttl +
-// retention (ms).
-func freshRecord(owner string, ttl, retention int64, origin string, fp []byte) string {
+// leaseRecord is the record of a lease: acquired is ms since the epoch,
+// or, if 0, '~' and the lease's TTL (ms), for SET PX of the TTL +
+// retention, or, with a zero TTL too, unknown.
+func leaseRecord(token int64, owner string, attempt int, retention, ttl, acquired int64, origin string, fp []byte) string {
 	var b strings.Builder
-	b.Grow(len(owner) + len(origin) + len(fp) + 48)
-	b.WriteString("p1:")
+	b.Grow(len(owner) + len(origin) + len(fp) + 64)
+	var num [20]byte
+	b.WriteByte(statePending)
+	b.Write(strconv.AppendInt(num[:0], token, 10))
+	b.WriteByte(':')
 	b.WriteString(owner)
-	b.WriteString("\x001:")
-	b.WriteString(strconv.FormatInt(retention, 10))
-	b.WriteString(":~")
-	b.WriteString(strconv.FormatInt(ttl, 10))
+	b.WriteByte(0)
+	b.Write(strconv.AppendInt(num[:0], int64(attempt), 10))
+	b.WriteByte(':')
+	b.Write(strconv.AppendInt(num[:0], retention, 10))
+	b.WriteByte(':')
+	switch {
+	case acquired != 0:
+		b.Write(strconv.AppendInt(num[:0], acquired, 10))
+	case ttl != 0:
+		b.WriteByte('~')
+		b.Write(strconv.AppendInt(num[:0], ttl, 10))
+	}
 	b.WriteByte(':')
 	b.WriteString(origin)
 	b.WriteByte(0)
-	b.WriteString(strconv.Itoa(len(fp)))
+	b.Write(strconv.AppendInt(num[:0], int64(len(fp)), 10))
 	b.WriteByte(':')
 	b.Write(fp)
 	return b.String()
+}
+
+// completion is the time of a completion at t as a completed record
+// keeps it, seconds ':' microseconds ':', before the output.
+func completion(t time.Time) string {
+	var b [48]byte
+	s := strconv.AppendInt(b[:0], t.Unix(), 10)
+	s = append(s, ':')
+	s = strconv.AppendInt(s, int64(t.Nanosecond()/1000), 10)
+	return string(append(s, ':'))
 }
 
 // acquiredAt is when the lease of the record was acquired, for a key that
@@ -79,7 +104,7 @@ func (r record) acquiredAt(at int64) time.Time {
 }
 
 // leaseHeader is the start of the record of the lease l holds: what
-// complete.lua, release.lua and renew.lua compare the record with.
+// lease.lua compares the record with.
 func leaseHeader(l backends.Lease) string {
 	return "p" + strconv.FormatInt(l.Token, 10) + ":" + l.Owner + "\x00"
 }

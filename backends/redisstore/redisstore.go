@@ -27,26 +27,24 @@ var (
 	preludeSrc string
 	//go:embed acquire.lua
 	acquireSrc string
-	//go:embed renew.lua
-	renewSrc string
-	//go:embed complete.lua
-	completeSrc string
-	//go:embed release.lua
-	releaseSrc string
+	//go:embed take.lua
+	takeSrc string
+	//go:embed lease.lua
+	leaseSrc string
 	//go:embed inspect.lua
 	inspectSrc string
 	//go:embed delete.lua
 	deleteSrc string
 
-	// The scripts but delete.lua share the local functions of
+	// acquire.lua and inspect.lua share the local functions of
 	// prelude.lua: Redis keeps no library between scripts (FUNCTION LOAD
-	// needs Redis 7.0), so each script carries them.
-	acquireScript  = redis.NewScript(preludeSrc + acquireSrc)
-	renewScript    = redis.NewScript(preludeSrc + renewSrc)
-	completeScript = redis.NewScript(preludeSrc + completeSrc)
-	releaseScript  = redis.NewScript(preludeSrc + releaseSrc)
-	inspectScript  = redis.NewScript(preludeSrc + inspectSrc)
-	deleteScript   = redis.NewScript(deleteSrc)
+	// needs Redis 7.0), so each carries them. The scripts of every
+	// message, take.lua and lease.lua, need none.
+	acquireScript = redis.NewScript(preludeSrc + acquireSrc)
+	takeScript    = redis.NewScript(takeSrc)
+	leaseScript   = redis.NewScript(leaseSrc)
+	inspectScript = redis.NewScript(preludeSrc + inspectSrc)
+	deleteScript  = redis.NewScript(deleteSrc)
 )
 
 // DefaultPrefix is the default [Options.Prefix].
@@ -153,9 +151,13 @@ func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.
 // Acquire implements [backends.Store]. Its fast path is one plain
 // command, SET NX PX GET with the fresh record: it takes a new key, and
 // answers a completed one with its record (unless the record has no
-// fingerprint to compare yet and this call brings one). Anything else (a
-// key in progress, released or expired, a re-entrant acquire, a record of
-// 0.1.0) goes to acquire.lua, which reads the record again and decides.
+// fingerprint to compare yet and this call brings one). A released or
+// expired key, a lease still live and a re-entrant Acquire take one more
+// round trip, take.lua, which compares the record with the one SET
+// answered with and sets the next. Anything else (a record that changed
+// between the two, a fingerprint to adopt, a record of 0.1.0 or a lease
+// 0.2 took) goes to acquire.lua, which reads the record again and
+// decides.
 func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
 	if err := storekit.ValidateAcquire(req); err != nil {
 		return backends.AcquireResult{}, err
@@ -163,7 +165,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	key := s.prefix + req.Key
 	ttl, retention := ms(req.LeaseTTL), ms(req.Retention)
 	if !s.noSetGet.Load() {
-		v, err := s.calls.do(ctx, key, "set", key, freshRecord(req.Owner, ttl, retention, req.Origin, req.Fingerprint),
+		v, err := s.calls.do(ctx, key, "set", key, leaseRecord(1, req.Owner, 1, retention, ttl, 0, req.Origin, req.Fingerprint),
 			"nx", "px", ttl+retention, "get").Text()
 		switch {
 		case errors.Is(err, redis.Nil): // the key was new: it is ours
@@ -181,6 +183,9 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 			if rec.state == stateCompleted && (len(rec.fingerprint) > 0 || len(req.Fingerprint) == 0) {
 				return completed(rec), nil
 			}
+			if res, ok, err := s.take(ctx, key, req, v, rec); ok || err != nil {
+				return res, err
+			}
 		case redis.HasErrorPrefix(err, "WRONGTYPE"): // a record of 0.1.0, or not a record: the script tells
 		case redis.HasErrorPrefix(err, "syntax error"): // HasErrorPrefix drops the ERR
 			// A server before Redis 7.0, where SET takes NX or GET but
@@ -196,6 +201,50 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 		return backends.AcquireResult{}, opError(ctx, "acquire", err)
 	}
 	return parseAcquire(req, vals)
+}
+
+// take decides the Acquire of req on key from v, the record SET NX PX GET
+// answered with (decoded: rec), in one compare and set, take.lua. ok is
+// false when acquire.lua must decide: the record changed since, or the
+// call needs what only that script does.
+func (s *Store) take(ctx context.Context, key string, req backends.AcquireRequest, v string, rec record) (res backends.AcquireResult, ok bool, err error) {
+	ttl, retention := ms(req.LeaseTTL), ms(req.Retention)
+	fp := rec.fingerprint
+	if len(fp) == 0 {
+		fp = req.Fingerprint
+	}
+	res = backends.AcquireResult{Status: backends.StatusAcquired, Fingerprint: fp}
+	var next string
+	live := "" // the retention of a lease that may still be live
+	switch {
+	case rec.state == stateCompleted, // a fingerprint to adopt
+		rec.state == statePending && rec.owner == req.Owner && rec.acquiredTTL > 0, // its acquisition time to write
+		rec.state == statePending && rec.owner != req.Owner && len(rec.fingerprint) == 0 && len(req.Fingerprint) > 0: // adopted by a live lease too
+		return res, false, nil
+	case rec.state == statePending && rec.owner == req.Owner:
+		// The owner's own lease, extended: it keeps its acquisition time
+		// and origin.
+		res.Lease, res.Reentrant = rec.lease(req.Key), true
+		next = leaseRecord(rec.token, rec.owner, rec.attempt, retention, 0, rec.acquired, rec.origin, fp)
+	default:
+		res.Lease = backends.Lease{Key: req.Key, Owner: req.Owner, Token: rec.token + 1, Attempt: rec.attempt + 1,
+			Takeover: rec.state == statePending}
+		if res.Lease.Takeover {
+			live = strconv.FormatInt(rec.retention, 10)
+		}
+		next = leaseRecord(res.Lease.Token, req.Owner, res.Lease.Attempt, retention, ttl, 0, req.Origin, fp)
+	}
+	n, err := s.calls.run(ctx, takeScript, []string{key}, v, next, ttl+retention, live).Int64()
+	switch {
+	case err != nil:
+		return backends.AcquireResult{}, false, opError(ctx, "acquire", err)
+	case n == 1:
+		return res, true, nil
+	case n < 0:
+		return backends.AcquireResult{Status: backends.StatusInProgress, Remaining: time.Duration(-n) * time.Millisecond,
+			Fingerprint: rec.fingerprint}, true, nil
+	}
+	return backends.AcquireResult{}, false, nil
 }
 
 // completed is the answer for a key completed as rec says.
@@ -286,16 +335,16 @@ func bytesOrNil(v any) []byte {
 	return nil
 }
 
-// checked runs a script that answers 1 when the lease held and 0 when it
-// did not. The script compares the record with the lease's header.
-func (s *Store) checked(ctx context.Context, op string, script *redis.Script, lease backends.Lease, args ...any) error {
+// onLease runs lease.lua for op on the lease, which answers 1 when the
+// lease held and 0 when it did not.
+func (s *Store) onLease(ctx context.Context, name string, lease backends.Lease, op string, args ...any) error {
 	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
-	args = append([]any{leaseHeader(lease)}, args...)
-	n, err := s.calls.run(ctx, script, []string{s.prefix + lease.Key}, args...).Int64()
+	args = append([]any{leaseHeader(lease), op}, args...)
+	n, err := s.calls.run(ctx, leaseScript, []string{s.prefix + lease.Key}, args...).Int64()
 	if err != nil {
-		return opError(ctx, op, err)
+		return opError(ctx, name, err)
 	}
 	if n != 1 {
 		return backends.ErrLeaseLost
@@ -308,17 +357,18 @@ func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Durati
 	if err := storekit.ValidateLeaseTTL(ttl); err != nil {
 		return err
 	}
-	return s.checked(ctx, "renew", renewScript, lease, ms(ttl))
+	return s.onLease(ctx, "renew", lease, "n", ms(ttl))
 }
 
-// Complete implements [backends.Store].
+// Complete implements [backends.Store]. The record keeps the completion
+// time by this process's clock.
 func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
-	return s.checked(ctx, "complete", completeScript, lease, output)
+	return s.onLease(ctx, "complete", lease, "c", completion(time.Now()), output)
 }
 
 // Release implements [backends.Store].
 func (s *Store) Release(ctx context.Context, lease backends.Lease) error {
-	return s.checked(ctx, "release", releaseScript, lease)
+	return s.onLease(ctx, "release", lease, "r")
 }
 
 // Inspect implements [backends.Store].
