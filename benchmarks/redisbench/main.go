@@ -16,7 +16,8 @@
 //	    off, the two alternating cycle by cycle
 //	(i) the server's time per call of each store call, alone, one caller
 //	    (INFO commandstats before and after each: the scripts' EVALSHA, or
-//	    the plain commands of a call that runs none)
+//	    the plain commands of a call that runs none), and (j) the same from
+//	    as many callers at once as (e) has deliveries
 //
 // For (e), (f) and (g) it also reads how busy the server's main thread
 // was (INFO cpu, before and after each run): a store whose calls are
@@ -170,7 +171,11 @@ func run(addr string, clients, deliveries int, duration time.Duration, requests,
 	if err != nil {
 		return err
 	}
-	costs, err := callCosts(ctx, client, store, 2000)
+	costs, err := callCosts(ctx, client, store, 2000, 1)
+	if err != nil {
+		return err
+	}
+	loaded, err := callCosts(ctx, client, store, 20000, deliveries)
 	if err != nil {
 		return err
 	}
@@ -212,6 +217,11 @@ func run(addr string, clients, deliveries int, duration time.Duration, requests,
 	for _, c := range costs {
 		fmt.Fprintf(w, "%s\t%s\t%d\t%.2f\t\n", c.call, c.cmd, c.calls, c.usecPerCall)
 	}
+	fmt.Fprintln(w, "\t\t\t\t")
+	fmt.Fprintf(w, "(j) the same, %d callers at once (coalesced)\tcommand\tcalls\tµs per call\t\n", deliveries)
+	for _, c := range loaded {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%.2f\t\n", c.call, c.cmd, c.calls, c.usecPerCall)
+	}
 	return w.Flush()
 }
 
@@ -223,11 +233,14 @@ type cost struct {
 	usecPerCall float64
 }
 
-// callCosts runs each kind of store call n times, one after another, on
-// fresh keys, and reads from INFO commandstats what the server spent on
-// each: the scripts (EVALSHA, EVAL; their time includes the commands they
-// call), or the plain commands of a call that runs no script.
-func callCosts(ctx context.Context, c *redis.Client, store *redisstore.Store, n int) ([]cost, error) {
+// callCosts runs each kind of store call n times on fresh keys, from par
+// callers at once (1: one after another), and reads from INFO
+// commandstats what the server spent on each: the scripts (EVALSHA, EVAL;
+// their time includes the commands they call), or the plain commands of a
+// call that runs no script. One caller leaves the server idle between
+// calls, which makes each call run on cold caches; many keep it busy, as
+// a service under load does.
+func callCosts(ctx context.Context, c *redis.Client, store *redisstore.Store, n, par int) ([]cost, error) {
 	keys := make([]string, n)
 	for i := range keys {
 		keys[i] = load.NextKey()
@@ -264,10 +277,26 @@ func callCosts(ctx context.Context, c *redis.Client, store *redisstore.Store, n 
 		if err != nil {
 			return nil, err
 		}
-		for i := range n {
-			if err := st.op(i); err != nil {
-				return nil, fmt.Errorf("%s: %w", st.name, err)
+		var next atomic.Int64
+		errs := make(chan error, par)
+		for range par {
+			go func() {
+				for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+					if err := st.op(i); err != nil {
+						errs <- fmt.Errorf("%s: %w", st.name, err)
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range par {
+			if e := <-errs; e != nil && err == nil {
+				err = e
 			}
+		}
+		if err != nil {
+			return nil, err
 		}
 		after, err := commandStats(ctx, c)
 		if err != nil {
