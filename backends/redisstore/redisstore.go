@@ -217,9 +217,12 @@ func (s *Store) take(ctx context.Context, key string, req backends.AcquireReques
 	var next string
 	live := "" // the retention of a lease that may still be live
 	switch {
-	case rec.state == stateCompleted, // a fingerprint to adopt
-		rec.state == statePending && rec.owner == req.Owner && rec.acquiredTTL > 0, // its acquisition time to write
-		rec.state == statePending && rec.owner != req.Owner && len(rec.fingerprint) == 0 && len(req.Fingerprint) > 0: // adopted by a live lease too
+	// acquire.lua decides: a completed record adopts a fingerprint, and so
+	// does another owner's lease, live or not; a re-entrant Acquire
+	// writes the acquisition time if it is still relative to the expiry.
+	case rec.state == stateCompleted,
+		rec.state == statePending && rec.owner == req.Owner && rec.acquiredTTL > 0,
+		rec.state == statePending && rec.owner != req.Owner && len(rec.fingerprint) == 0 && len(req.Fingerprint) > 0:
 		return res, false, nil
 	case rec.state == statePending && rec.owner == req.Owner:
 		// The owner's own lease, extended: it keeps its acquisition time
