@@ -3,8 +3,10 @@
 // the store sends them, run raw, prepared once and unprepared, through
 // the same driver and pool
 // (database/sql, go-sql-driver/mysql), on the same server, at the same
-// concurrency, in one run. MariaDB 10.5 or later: on MySQL, Acquire is
-// not one statement.
+// concurrency, in one run; then, for a server on this machine, the server
+// CPU of each kind of call on its own, on one connection, beside the
+// statements of e2ebench's hand-written lease. MariaDB 10.5 or later: on
+// MySQL, Acquire is not one statement.
 //
 //	go run ./mysqlbench -dsn 'root@tcp(127.0.0.1:3306)/test' -clients 16 -duration 5s
 package main
@@ -183,7 +185,24 @@ func run(dsn string, clients int, duration time.Duration, rounds int) error {
 	row("server CPU per cycle", unprepared.server, raws.server, ourRuns.server)
 	row("client CPU per cycle", unprepared.client, raws.client, ourRuns.client)
 	row("one client, median cycle", unprepared.alone, raws.alone, ourRuns.alone)
-	return w.Flush()
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if server.pid == 0 {
+		return nil
+	}
+	store, drop, err := fresh()
+	if drop != nil {
+		defer drop()
+	}
+	if err != nil {
+		return err
+	}
+	medians, err := perCall(ctx, dsn, store.Options().Table, server, rounds)
+	if err != nil {
+		return err
+	}
+	return printPerCall(os.Stdout, medians, rounds)
 }
 
 // loneCycles is how many cycles one client runs, one after another, for

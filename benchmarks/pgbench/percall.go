@@ -24,8 +24,11 @@ const perCallCalls = 5000
 // in the order a key lives them: an Acquire of a fresh key, its
 // Complete, then an Acquire of the completed key by another owner (a
 // duplicate). Beside them, the floor of a fresh key: a bare INSERT ... ON
-// CONFLICT DO NOTHING of the same row into the same table. It returns
-// the median per call of each, in the order of perCallKinds.
+// CONFLICT DO NOTHING of the same row into the same table; and the two
+// statements of e2ebench's hand-written lease (pg-insert), on a table
+// like its own (a text key, a flag, an expiry; no other index): its claim
+// of a fresh key and its completion. It returns the median per call of
+// each, in the order of perCallKinds.
 func perCall(ctx context.Context, url string, store *pgstore.Store, rounds int) ([]time.Duration, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -58,6 +61,17 @@ func perCall(ctx context.Context, url string, store *pgstore.Store, rounds int) 
 		(key, state, owner, token, attempt, lease_expires_at, retention_us, forget_at)
 		VALUES ($1, 1, $2, 1, 1, now() + interval '30 seconds', 3600000000, now() + interval '1 hour')
 		ON CONFLICT (key) DO NOTHING`
+	peer := pgx.Identifier{opts.Schema, opts.Table + "_peer"}.Sanitize()
+	unlogged := ""
+	if opts.Unlogged {
+		unlogged = "UNLOGGED"
+	}
+	if _, err := pool.Exec(ctx, `CREATE `+unlogged+` TABLE `+peer+` (key text PRIMARY KEY, done boolean NOT NULL DEFAULT false, expires_at timestamptz NOT NULL)`); err != nil {
+		return nil, err
+	}
+	defer pool.Exec(context.WithoutCancel(ctx), `DROP TABLE IF EXISTS `+peer) //nolint:errcheck // the schema is dropped at the end anyway
+	peerClaim := `INSERT INTO ` + peer + ` (key, expires_at) VALUES ($1, now() + $2::interval) ON CONFLICT (key) DO NOTHING`
+	peerFinish := `UPDATE ` + peer + ` SET done = true, expires_at = now() + $2::interval WHERE key = $1`
 	request := func(key, owner string) backends.AcquireRequest {
 		return backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: 30 * time.Second, Retention: time.Hour, Origin: load.Origin(key)}
 	}
@@ -87,6 +101,14 @@ func perCall(ctx context.Context, url string, store *pgstore.Store, rounds int) 
 			},
 			func(i int) error {
 				_, err := pool.Exec(ctx, insert, []byte(keys[i]+"-bare"), "holder")
+				return err
+			},
+			func(i int) error {
+				_, err := pool.Exec(ctx, peerClaim, keys[i], 30*time.Second)
+				return err
+			},
+			func(i int) error {
+				_, err := pool.Exec(ctx, peerFinish, keys[i], time.Hour)
 				return err
 			},
 		}
@@ -120,6 +142,8 @@ var perCallKinds = []string{
 	"Complete",
 	"Acquire, completed key (a duplicate)",
 	"bare INSERT ... ON CONFLICT DO NOTHING, fresh key",
+	"pg-insert's claim (INSERT ... ON CONFLICT DO NOTHING, its own table), fresh key",
+	"pg-insert's completion (UPDATE ... SET done = true)",
 }
 
 // printPerCall prints perCall's medians for each table kind.
