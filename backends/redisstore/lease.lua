@@ -37,10 +37,15 @@ if string.byte(v, j + 1) == 126 then
   local k = string.find(v, ':', j + 1, true)
   local at = redis.pcall('PEXPIRETIME', KEYS[1]) -- Redis 7.0 and later
   if type(at) ~= 'number' then
+    local ttl = redis.call('PTTL', KEYS[1])
     local t = redis.call('TIME')
-    at = t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('PTTL', KEYS[1])
+    at = ttl < 0 and ttl or t[1] * 1000 + math.floor(t[2] / 1000) + ttl
   end
-  v = string.sub(v, 1, j) .. string.format('%d', at - retention - string.sub(v, j + 2, k - 1)) .. string.sub(v, k)
+  local acquired = '' -- unknown, for a key someone made persist
+  if at >= 0 then
+    acquired = string.format('%d', at - retention - string.sub(v, j + 2, k - 1))
+  end
+  v = string.sub(v, 1, j) .. acquired .. string.sub(v, k)
   written = true
 end
 if op == 'n' then

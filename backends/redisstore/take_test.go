@@ -90,3 +90,28 @@ func TestTakeLosesARace(t *testing.T) {
 		})
 	}
 }
+
+// A key someone made persist (PERSIST: no expiry, so no lease end to
+// count from) keeps working; its lease's acquisition time becomes
+// unknown when the lease is renewed, rather than a time computed from no
+// expiry.
+func TestPersistedKey(t *testing.T) {
+	client := testserver.RedisClient(t)
+	prefix := testserver.Unique("persist-test:")
+	s := newStorePrefixed(t, client, prefix)
+	ctx := context.Background()
+	res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "o", LeaseTTL: time.Minute, Retention: time.Hour})
+	require.NoError(t, err)
+	require.True(t, client.Persist(ctx, prefix+"k").Val())
+	require.NoError(t, s.Renew(ctx, res.Lease, time.Minute))
+	require.Equal(t, "p1:o\x001:3600000::\x000:", client.Get(ctx, prefix+"k").Val())
+	rec, err := s.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Zero(t, rec.AcquiredAt)
+	require.Equal(t, backends.StateInProgress, rec.State)
+	require.NoError(t, s.Complete(ctx, res.Lease, []byte("out")))
+	again, err := s.Acquire(ctx, backends.AcquireRequest{Key: "k", Owner: "o2", LeaseTTL: time.Minute, Retention: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, backends.StatusCompleted, again.Status)
+	require.Equal(t, "out", string(again.Output))
+}
