@@ -8,7 +8,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/mysqlstore"
 	"github.com/watermill-idempotency/idempotency/benchmarks/internal/load"
 )
@@ -71,33 +70,8 @@ func perCall(ctx context.Context, dsn, table string, server serverCPU, rounds in
 	if err != nil {
 		return nil, err
 	}
-	request := func(key, owner string) backends.AcquireRequest {
-		return backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: 30 * time.Second, Retention: time.Hour, Origin: load.Origin(key)}
-	}
-	per := make([][]time.Duration, len(perCallKinds))
-	for round := range rounds {
-		keys := make([]string, perCallCalls)
-		leases := make([]backends.Lease, perCallCalls)
-		for i := range keys {
-			keys[i] = load.NextKey()
-		}
-		kinds := []func(i int) error{
-			func(i int) error {
-				res, err := s.Acquire(ctx, request(keys[i], "holder"))
-				if err == nil && res.Status != backends.StatusAcquired {
-					err = fmt.Errorf("acquire of a fresh key: %v", res.Status)
-				}
-				leases[i] = res.Lease
-				return err
-			},
-			func(i int) error { return s.Complete(ctx, leases[i], nil) },
-			func(i int) error {
-				res, err := s.Acquire(ctx, request(keys[i], "duplicate"))
-				if err == nil && res.Status != backends.StatusCompleted {
-					err = fmt.Errorf("acquire of a completed key: %v", res.Status)
-				}
-				return err
-			},
+	return load.PerCall(rounds, perCallCalls, perCallKinds, server.used, func(keys []string) []func(i int) error {
+		return append(load.StoreCalls(ctx, s, keys),
 			func(i int) error {
 				_, err := bare.ExecContext(ctx, []byte(keys[i]+"-bare"), []byte("holder"), []byte(load.Origin(keys[i])))
 				return err
@@ -110,29 +84,8 @@ func perCall(ctx context.Context, dsn, table string, server serverCPU, rounds in
 				_, err := finish.ExecContext(ctx, time.Hour.Microseconds(), []byte(keys[i]))
 				return err
 			},
-		}
-		for k, kind := range kinds {
-			before, err := server.used()
-			if err != nil {
-				return nil, err
-			}
-			for i := range keys {
-				if err := kind(i); err != nil {
-					return nil, fmt.Errorf("round %d, %s: %w", round+1, perCallKinds[k], err)
-				}
-			}
-			after, err := server.used()
-			if err != nil {
-				return nil, err
-			}
-			per[k] = append(per[k], (after-before)/perCallCalls)
-		}
-	}
-	medians := make([]time.Duration, len(per))
-	for k := range per {
-		medians[k] = load.MedianDuration(per[k])
-	}
-	return medians, nil
+		)
+	})
 }
 
 // perCallKinds names perCall's measurements, in its order.

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/pgstore"
 	"github.com/watermill-idempotency/idempotency/benchmarks/internal/load"
 )
@@ -72,33 +71,8 @@ func perCall(ctx context.Context, url string, store *pgstore.Store, rounds int) 
 	defer pool.Exec(context.WithoutCancel(ctx), `DROP TABLE IF EXISTS `+peer) //nolint:errcheck // the schema is dropped at the end anyway
 	peerClaim := `INSERT INTO ` + peer + ` (key, expires_at) VALUES ($1, now() + $2::interval) ON CONFLICT (key) DO NOTHING`
 	peerFinish := `UPDATE ` + peer + ` SET done = true, expires_at = now() + $2::interval WHERE key = $1`
-	request := func(key, owner string) backends.AcquireRequest {
-		return backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: 30 * time.Second, Retention: time.Hour, Origin: load.Origin(key)}
-	}
-	per := make([][]time.Duration, len(perCallKinds))
-	for round := range rounds {
-		keys := make([]string, perCallCalls)
-		leases := make([]backends.Lease, perCallCalls)
-		for i := range keys {
-			keys[i] = load.NextKey()
-		}
-		kinds := []func(i int) error{
-			func(i int) error {
-				res, err := s.Acquire(ctx, request(keys[i], "holder"))
-				if err == nil && res.Status != backends.StatusAcquired {
-					err = fmt.Errorf("acquire of a fresh key: %v", res.Status)
-				}
-				leases[i] = res.Lease
-				return err
-			},
-			func(i int) error { return s.Complete(ctx, leases[i], nil) },
-			func(i int) error {
-				res, err := s.Acquire(ctx, request(keys[i], "duplicate"))
-				if err == nil && res.Status != backends.StatusCompleted {
-					err = fmt.Errorf("acquire of a completed key: %v", res.Status)
-				}
-				return err
-			},
+	return load.PerCall(rounds, perCallCalls, perCallKinds, backendCPU, func(keys []string) []func(i int) error {
+		return append(load.StoreCalls(ctx, s, keys),
 			func(i int) error {
 				_, err := pool.Exec(ctx, insert, []byte(keys[i]+"-bare"), "holder")
 				return err
@@ -111,29 +85,8 @@ func perCall(ctx context.Context, url string, store *pgstore.Store, rounds int) 
 				_, err := pool.Exec(ctx, peerFinish, keys[i], time.Hour)
 				return err
 			},
-		}
-		for k, kind := range kinds {
-			before, err := backendCPU()
-			if err != nil {
-				return nil, err
-			}
-			for i := range keys {
-				if err := kind(i); err != nil {
-					return nil, fmt.Errorf("round %d, %s: %w", round+1, perCallKinds[k], err)
-				}
-			}
-			after, err := backendCPU()
-			if err != nil {
-				return nil, err
-			}
-			per[k] = append(per[k], (after-before)/perCallCalls)
-		}
-	}
-	medians := make([]time.Duration, len(per))
-	for k := range per {
-		medians[k] = load.MedianDuration(per[k])
-	}
-	return medians, nil
+		)
+	})
 }
 
 // perCallKinds names perCall's measurements, in its order.

@@ -117,3 +117,67 @@ func Rounds(rounds int, steps ...func() error) error {
 	}
 	return nil
 }
+
+// PerCall times calls one kind after another, each on n fresh keys, rounds
+// times: kinds returns a round's calls, each for the key at index i of
+// keys, and used reports the server's CPU time so far. It returns the
+// median server CPU per call of each kind, in kinds' order; names name
+// them in errors.
+func PerCall(rounds, n int, names []string, used func() (time.Duration, error), kinds func(keys []string) []func(i int) error) ([]time.Duration, error) {
+	per := make([][]time.Duration, len(names))
+	for round := range rounds {
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = NextKey()
+		}
+		for k, kind := range kinds(keys) {
+			before, err := used()
+			if err != nil {
+				return nil, err
+			}
+			for i := range keys {
+				if err := kind(i); err != nil {
+					return nil, fmt.Errorf("round %d, %s: %w", round+1, names[k], err)
+				}
+			}
+			after, err := used()
+			if err != nil {
+				return nil, err
+			}
+			per[k] = append(per[k], (after-before)/time.Duration(n))
+		}
+	}
+	medians := make([]time.Duration, len(per))
+	for k := range per {
+		medians[k] = MedianDuration(per[k])
+	}
+	return medians, nil
+}
+
+// StoreCalls returns the store's calls a per-call table times, each for
+// the key at index i of keys: a fresh key's Acquire, its Complete, and an
+// Acquire of the completed key by another owner (a duplicate).
+func StoreCalls(ctx context.Context, store backends.Store, keys []string) []func(i int) error {
+	request := func(key, owner string) backends.AcquireRequest {
+		return backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: 30 * time.Second, Retention: time.Hour, Origin: Origin(key)}
+	}
+	leases := make([]backends.Lease, len(keys))
+	return []func(i int) error{
+		func(i int) error {
+			res, err := store.Acquire(ctx, request(keys[i], "holder"))
+			if err == nil && res.Status != backends.StatusAcquired {
+				err = fmt.Errorf("acquire of a fresh key: %v", res.Status)
+			}
+			leases[i] = res.Lease
+			return err
+		},
+		func(i int) error { return store.Complete(ctx, leases[i], nil) },
+		func(i int) error {
+			res, err := store.Acquire(ctx, request(keys[i], "duplicate"))
+			if err == nil && res.Status != backends.StatusCompleted {
+				err = fmt.Errorf("acquire of a completed key: %v", res.Status)
+			}
+			return err
+		},
+	}
+}
