@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"bytes"
 	"container/list"
 	"sync"
 	"time"
@@ -80,7 +81,7 @@ func (c *completedCache) get(key string) (backends.AcquireResult, bool) {
 	// A copy of the output: a replayed message's payload may share its
 	// bytes, and whoever receives it may change them.
 	res := e.res
-	res.Output = clone(res.Output)
+	res.Output = bytes.Clone(res.Output)
 	return res, true
 }
 
@@ -90,16 +91,17 @@ func (c *completedCache) put(key string, res backends.AcquireResult, retainedUnt
 	if c == nil || res.Status != backends.StatusCompleted || len(res.Output) > MaxCachedOutputBytes {
 		return
 	}
-	expires := c.now().Add(c.ttl)
+	now := c.now()
+	expires := now.Add(c.ttl)
 	if !retainedUntil.IsZero() && retainedUntil.Before(expires) {
 		expires = retainedUntil
 	}
-	if !c.now().Before(expires) {
+	if !now.Before(expires) {
 		return
 	}
 	// Copies: the caller's slices may be reused or changed later.
 	res = backends.AcquireResult{Status: backends.StatusCompleted, CompletedAt: res.CompletedAt,
-		Output: clone(res.Output), Fingerprint: clone(res.Fingerprint)}
+		Output: bytes.Clone(res.Output), Fingerprint: bytes.Clone(res.Fingerprint)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if el, ok := c.byKey[key]; ok {
@@ -123,11 +125,4 @@ func (c *completedCache) len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.lru.Len()
-}
-
-func clone(b []byte) []byte {
-	if b == nil {
-		return nil
-	}
-	return append([]byte(nil), b...)
 }
