@@ -28,12 +28,14 @@ end
 local i = string.find(v, ':', #h + 1, true)
 local j = string.find(v, ':', i + 1, true)
 local retention = string.sub(v, i + 1, j - 1)
-local written = false
+-- While the acquisition time is '~' and the lease TTL, it was the key's
+-- expiry less the retention less that TTL (acquire.lua); it becomes that
+-- time before the expiry moves. (acquiredAt in prelude.lua does the same;
+-- this script, run for every message, does without the prelude.) The
+-- record is then written as head, acquired and tail, in one
+-- concatenation: each piece Lua joins makes a string of its own.
+local head, acquired, tail
 if string.byte(v, j + 1) == 126 then
-  -- '~' and the lease TTL: the acquisition was the key's expiry less the
-  -- retention less that TTL (acquire.lua). It becomes that time before
-  -- the expiry moves. (acquiredAt in prelude.lua does the same; this
-  -- script, run for every message, does without the prelude.)
   local k = string.find(v, ':', j + 1, true)
   local at = redis.pcall('PEXPIRETIME', KEYS[1]) -- Redis 7.0 and later
   if type(at) ~= 'number' then
@@ -41,16 +43,15 @@ if string.byte(v, j + 1) == 126 then
     local t = redis.call('TIME')
     at = ttl < 0 and ttl or t[1] * 1000 + math.floor(t[2] / 1000) + ttl
   end
-  local acquired = '' -- unknown, for a key someone made persist
+  acquired = '' -- unknown, for a key someone made persist
   if at >= 0 then
     acquired = string.format('%d', at - retention - string.sub(v, j + 2, k - 1))
   end
-  v = string.sub(v, 1, j) .. acquired .. string.sub(v, k)
-  written = true
+  head, tail = string.sub(v, 2, j), string.sub(v, k)
 end
 if op == 'n' then
-  if written then
-    redis.call('SET', KEYS[1], v, 'PX', ARGV[3] + retention)
+  if acquired then
+    redis.call('SET', KEYS[1], 'p' .. head .. acquired .. tail, 'PX', ARGV[3] + retention)
   else
     redis.call('PEXPIRE', KEYS[1], ARGV[3] + retention)
   end
@@ -58,6 +59,12 @@ if op == 'n' then
 end
 if retention == '0' then
   redis.call('DEL', KEYS[1])
+elseif acquired then
+  if op == 'c' then
+    redis.call('SET', KEYS[1], 'c' .. head .. acquired .. tail .. ARGV[3] .. ARGV[4], 'PX', retention)
+  else
+    redis.call('SET', KEYS[1], 'r' .. head .. acquired .. tail, 'PX', retention)
+  end
 elseif op == 'c' then
   redis.call('SET', KEYS[1], 'c' .. string.sub(v, 2) .. ARGV[3] .. ARGV[4], 'PX', retention)
 else
