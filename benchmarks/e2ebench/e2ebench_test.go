@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -54,6 +55,9 @@ func TestBenchmark(t *testing.T) {
 		if len(r.runs) != cfg.rounds {
 			t.Fatalf("%s: %d runs in %d rounds", r.variant.name, len(r.runs), cfg.rounds)
 		}
+		// The servers' CPU is counted in clock ticks of 10 ms: one small
+		// run may take less than a tick, all of them together do not.
+		var storeCPU time.Duration
 		for i, m := range r.runs {
 			if m.elapsed <= 0 || m.client <= 0 || m.redis <= 0 {
 				t.Errorf("%s, round %d: elapsed %v, client CPU %v, Redis CPU %v: each must be positive", r.variant.name, i+1, m.elapsed, m.client, m.redis)
@@ -65,9 +69,10 @@ func TestBenchmark(t *testing.T) {
 			if acks := m.commands["XACK"].calls; acks < int64(cfg.messages-cfg.consumers) {
 				t.Errorf("%s, round %d: Redis counted %d XACKs for %d messages", r.variant.name, i+1, acks, cfg.messages)
 			}
-			if r.variant.server != noServer && (!m.storeKnown || m.store <= 0) {
-				t.Errorf("%s, round %d: the store's server's CPU %v (measured: %v) must be measured and positive", r.variant.name, i+1, m.store, m.storeKnown)
+			if r.variant.server != noServer && !m.storeKnown {
+				t.Errorf("%s, round %d: the store's server's CPU was not measured", r.variant.name, i+1)
 			}
+			storeCPU += m.store
 			if r.variant.once {
 				if m.once != nil {
 					t.Errorf("%s, round %d: %v", r.variant.name, i+1, m.once)
@@ -82,6 +87,9 @@ func TestBenchmark(t *testing.T) {
 			if r.variant.name == "none" && (m.copies != nil || m.once == nil) {
 				t.Errorf("none, round %d: per copy: %v; once per key: %v (want an error)", i+1, m.copies, m.once)
 			}
+		}
+		if r.variant.server != noServer && storeCPU <= 0 {
+			t.Errorf("%s: the store's server's CPU over %d rounds: %v, must be positive", r.variant.name, cfg.rounds, storeCPU)
 		}
 	}
 	if waited == 0 {

@@ -10,6 +10,9 @@
 //	memstore        this middleware on the in-memory store
 //	redis-setnx     a hand-written lease on Redis: SET NX PX GET before the
 //	                handler, SET PX after (peers.go)
+//	redis-cas       the same with an owner check: the claim's own token
+//	                set, and a script that marks the key done only while
+//	                it holds that token (peers.go)
 //	redisstore      this middleware on Redis, the server of the stream
 //	redisstore-off  the same with Coalescing: CoalesceOff
 //	pg-insert       a hand-written lease on Postgres: INSERT ON CONFLICT DO

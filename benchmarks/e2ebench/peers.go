@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -35,11 +37,13 @@ var errPeerReleased = errors.New("the key's claim was released")
 
 // peer is a hand-written lease: claim takes key, or says it was done
 // (done) or is claimed by another delivery (busy); finish marks it done;
-// release drops the claim; state polls it.
+// release drops the claim; state polls it. claim answers with the
+// claim's token, which finish and release get back: empty, and unused,
+// for a peer without an owner check.
 type peer struct {
-	claim   func(ctx context.Context, key string) (done, busy bool, err error)
-	finish  func(ctx context.Context, key string) error
-	release func(ctx context.Context, key string) error
+	claim   func(ctx context.Context, key string) (token string, done, busy bool, err error)
+	finish  func(ctx context.Context, key, token string) error
+	release func(ctx context.Context, key, token string) error
 	state   func(ctx context.Context, key string) (done, gone bool, err error)
 }
 
@@ -47,7 +51,7 @@ type peer struct {
 func (p peer) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
-		done, busy, err := p.claim(ctx, msg.UUID)
+		token, done, busy, err := p.claim(ctx, msg.UUID)
 		for err == nil && busy {
 			time.Sleep(peerPoll)
 			var gone bool
@@ -62,10 +66,10 @@ func (p peer) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		out, err := h(msg)
 		if err != nil {
-			_ = p.release(context.WithoutCancel(ctx), msg.UUID)
+			_ = p.release(context.WithoutCancel(ctx), msg.UUID, token)
 			return out, err
 		}
-		if err := p.finish(ctx, msg.UUID); err != nil {
+		if err := p.finish(ctx, msg.UUID, token); err != nil {
 			return nil, err
 		}
 		return out, nil
@@ -75,18 +79,18 @@ func (p peer) middleware(h message.HandlerFunc) message.HandlerFunc {
 // claimByInsert is a claim through insert, which reports whether it
 // inserted the key's row: if it did not, the key's state says whether it
 // was done or is claimed, and a claim released meanwhile is tried again.
-func (p peer) claimByInsert(insert func(ctx context.Context, key string) (bool, error)) func(ctx context.Context, key string) (done, busy bool, err error) {
-	var claim func(ctx context.Context, key string) (bool, bool, error)
-	claim = func(ctx context.Context, key string) (bool, bool, error) {
+func (p peer) claimByInsert(insert func(ctx context.Context, key string) (bool, error)) func(ctx context.Context, key string) (token string, done, busy bool, err error) {
+	var claim func(ctx context.Context, key string) (string, bool, bool, error)
+	claim = func(ctx context.Context, key string) (string, bool, bool, error) {
 		inserted, err := insert(ctx, key)
 		if err != nil || inserted {
-			return false, false, err
+			return "", false, false, err
 		}
 		done, gone, err := p.state(ctx, key)
 		if err == nil && gone {
 			return claim(ctx, key) // released in between: claim again
 		}
-		return done, !done, err
+		return "", done, !done, err
 	}
 	return claim
 }
@@ -94,24 +98,73 @@ func (p peer) claimByInsert(insert func(ctx context.Context, key string) (bool, 
 // setupSetnx is the peer on Redis: SET NX PX GET to claim, SET PX to mark
 // done, on a client of its own as redisstore has.
 func setupSetnx(_ context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+	return setupRedisPeer(e, id, "setnx", func() string { return "claimed" },
+		func(ctx context.Context, client *redis.Client, key, _ string) error {
+			return client.Set(ctx, key, "done", peerRetention).Err()
+		},
+		func(ctx context.Context, client *redis.Client, key, _ string) error {
+			return client.Del(ctx, key).Err()
+		})
+}
+
+// Scripts of the peer with an owner check: each sets or deletes the key
+// only while it still holds the claim's token, ARGV[1].
+var (
+	casFinish = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('SET', KEYS[1], 'done', 'PX', ARGV[2])
+end
+return false`)
+	casRelease = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0`)
+)
+
+// casTokens numbers the claims of the peer with an owner check.
+var casTokens atomic.Uint64
+
+// setupCas is the peer on Redis with an owner check: SET NX PX GET of a
+// token of the claim's own to claim, then a script that marks the key
+// done, or drops the claim, only while the key still holds that token:
+// the least a hand-written lease must add so that a delivery whose claim
+// ran out and was taken does not mark the other's work done. Its token
+// is no fencing token: it does not grow, and no sink sees it.
+func setupCas(_ context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+	return setupRedisPeer(e, id, "cas",
+		func() string { return "t" + strconv.FormatUint(casTokens.Add(1), 10) },
+		func(ctx context.Context, client *redis.Client, key, token string) error {
+			return casFinish.Run(ctx, client, []string{key}, token, peerRetention.Milliseconds()).Err()
+		},
+		func(ctx context.Context, client *redis.Client, key, token string) error {
+			return casRelease.Run(ctx, client, []string{key}, token).Err()
+		})
+}
+
+// setupRedisPeer is a peer on Redis, on a client of its own as redisstore
+// has: a claim is SET NX PX GET of a value newToken gives (the claim's
+// token), which finish replaces with "done" and release drops.
+func setupRedisPeer(e *env, id, name string, newToken func() string,
+	finish, release func(ctx context.Context, client *redis.Client, key, token string) error,
+) (message.HandlerMiddleware, func(), error) {
 	client := redis.NewClient(&redis.Options{Addr: e.cfg.redisAddr, ContextTimeoutEnabled: true, PoolSize: e.poolSize()})
-	prefix := e.name(id, "setnx") + ":"
+	prefix := e.name(id, name) + ":"
 	p := peer{
-		claim: func(ctx context.Context, key string) (bool, bool, error) {
-			prev, err := client.SetArgs(ctx, prefix+key, "claimed", redis.SetArgs{Mode: "NX", TTL: peerLease, Get: true}).Result()
+		claim: func(ctx context.Context, key string) (string, bool, bool, error) {
+			token := newToken()
+			prev, err := client.SetArgs(ctx, prefix+key, token, redis.SetArgs{Mode: "NX", TTL: peerLease, Get: true}).Result()
 			switch {
 			case errors.Is(err, redis.Nil):
-				return false, false, nil
+				return token, false, false, nil
 			case err != nil:
-				return false, false, err
+				return "", false, false, err
 			}
-			return prev == "done", prev != "done", nil
+			return "", prev == "done", prev != "done", nil
 		},
-		finish: func(ctx context.Context, key string) error {
-			return client.Set(ctx, prefix+key, "done", peerRetention).Err()
+		finish: func(ctx context.Context, key, token string) error {
+			return finish(ctx, client, prefix+key, token)
 		},
-		release: func(ctx context.Context, key string) error {
-			return client.Del(ctx, prefix+key).Err()
+		release: func(ctx context.Context, key, token string) error {
+			return release(ctx, client, prefix+key, token)
 		},
 		state: func(ctx context.Context, key string) (bool, bool, error) {
 			v, err := client.Get(ctx, prefix+key).Result()
@@ -161,11 +214,11 @@ func setupInsert(ctx context.Context, e *env, id string, _ idempotency.Observer)
 			}
 			return done, false, err
 		},
-		finish: func(ctx context.Context, key string) error {
+		finish: func(ctx context.Context, key, _ string) error {
 			_, err := pool.Exec(ctx, finish, key, peerRetention)
 			return err
 		},
-		release: func(ctx context.Context, key string) error {
+		release: func(ctx context.Context, key, _ string) error {
 			_, err := pool.Exec(ctx, release, key)
 			return err
 		},
@@ -228,11 +281,11 @@ func setupMysqlInsert(ctx context.Context, e *env, id string, _ idempotency.Obse
 			}
 			return done, false, err
 		},
-		finish: func(ctx context.Context, key string) error {
+		finish: func(ctx context.Context, key, _ string) error {
 			_, err := finish.ExecContext(ctx, peerRetention.Microseconds(), key)
 			return err
 		},
-		release: func(ctx context.Context, key string) error {
+		release: func(ctx context.Context, key, _ string) error {
 			_, err := release.ExecContext(ctx, key)
 			return err
 		},

@@ -76,6 +76,7 @@ var variants = []variant{
 		return e.middleware(store, obs, func() {})
 	}},
 	{name: "redis-setnx", once: true, peer: true, setup: setupSetnx},
+	{name: "redis-cas", once: true, peer: true, setup: setupCas},
 	{name: "redisstore", once: true, setup: setupRedisstore(redisstore.CoalesceConcurrent)},
 	{name: "redisstore-off", once: true, setup: setupRedisstore(redisstore.CoalesceOff)},
 	{name: "pg-insert", once: true, peer: true, server: postgresServer, setup: setupInsert},
