@@ -12,6 +12,7 @@ import (
 // Its signature is message.HandlerMiddleware.
 func (m *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		growStack()
 		// The delivery stays on the stack; the work, which the lease's
 		// context holds, does not.
 		w := &messageWork{msg: msg, h: h, drop: m.cfg.ReplayDropMetadata}
