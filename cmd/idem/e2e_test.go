@@ -31,8 +31,8 @@ import (
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
-// binary is the idem command built for these tests.
-var binary string
+// idemBinary is the idem command built for these tests.
+var idemBinary string
 
 func TestMain(m *testing.M) {
 	if os.Getenv("IDEM_TEST_HOLDER") != "" {
@@ -43,8 +43,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binary = filepath.Join(dir, "idem")
-	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+	idemBinary = filepath.Join(dir, "idem")
+	if out, err := exec.Command("go", "build", "-o", idemBinary, ".").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building idem: %v\n%s", err, out)
 		os.Exit(1)
 	}
@@ -183,7 +183,7 @@ func idem(t *testing.T, env []string, stdin string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd := exec.CommandContext(ctx, idemBinary, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
@@ -358,6 +358,7 @@ func testLifecycle(t *testing.T, env []string) {
 	require.NoError(t, err)
 	v = inspectJSON(t, env, "charge:order-9")
 	require.Equal(t, []outputView{{UUID: "receipt-9", Metadata: map[string]string{"order": "order-9"}, PayloadBytes: 4}}, v.Output)
+	require.Equal(t, outputMessages, v.OutputKind)
 	require.Contains(t, ok(t, env, "inspect", "charge:order-9"), `uuid receipt-9, 4 payload bytes, metadata {order="order-9"}`)
 
 	// key: the key the middleware computes, and its record.

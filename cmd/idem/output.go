@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -32,16 +33,31 @@ type recordView struct {
 	Attempt int    `json:"attempt"`
 	// AcquiredAt is when the current or last lease was acquired; absent
 	// for a record written before stores kept it.
-	AcquiredAt     *time.Time   `json:"acquired_at,omitempty"`
-	LeaseExpiresAt time.Time    `json:"lease_expires_at"`
-	LeaseLeft      *float64     `json:"lease_left_seconds,omitempty"`
-	CompletedAt    *time.Time   `json:"completed_at,omitempty"`
-	ForgetAt       time.Time    `json:"forget_at"`
-	ForgetIn       float64      `json:"forget_in_seconds"`
-	Fingerprint    string       `json:"fingerprint,omitempty"`
-	Output         []outputView `json:"output,omitempty"`
-	OutputError    string       `json:"output_error,omitempty"`
+	AcquiredAt     *time.Time `json:"acquired_at,omitempty"`
+	LeaseExpiresAt time.Time  `json:"lease_expires_at"`
+	LeaseLeft      *float64   `json:"lease_left_seconds,omitempty"`
+	CompletedAt    *time.Time `json:"completed_at,omitempty"`
+	ForgetAt       time.Time  `json:"forget_at"`
+	ForgetIn       float64    `json:"forget_in_seconds"`
+	Fingerprint    string     `json:"fingerprint,omitempty"`
+	// What a completed record stores for its duplicates, by who wrote
+	// it (its origin): OutputKind is "messages" (a Watermill handler's
+	// produced messages, listed in Output), "http_response" (httpidem's
+	// stored response, whose status is HTTPStatus) or "result" (what a
+	// function run with Do returned, encoded by its codec).
+	OutputKind  string       `json:"output_kind,omitempty"`
+	OutputBytes int          `json:"output_bytes,omitempty"`
+	Output      []outputView `json:"output,omitempty"`
+	HTTPStatus  int          `json:"http_status,omitempty"`
+	OutputError string       `json:"output_error,omitempty"`
 }
+
+// The kinds of stored output (recordView.OutputKind).
+const (
+	outputMessages = "messages"
+	outputHTTP     = "http_response"
+	outputResult   = "result"
+)
 
 // outputView is one stored output message: what a duplicate replays.
 type outputView struct {
@@ -73,15 +89,40 @@ func viewRecord(r backends.Record, now time.Time) recordView {
 		v.Fingerprint = hex.EncodeToString(r.Fingerprint)
 	}
 	if len(r.Output) > 0 {
-		msgs, err := backends.DecodeOutput(r.Output)
+		viewOutput(&v, r.Origin, r.Output)
+	}
+	return v
+}
+
+// viewOutput describes output, stored by what origin names: httpidem
+// names its requests "http=<route>", the middleware its messages
+// "message_uuid=<uuid> ..." (0.1 named none), and Do its calls "do" or
+// what DoOptions.Origin says.
+func viewOutput(v *recordView, origin string, output []byte) {
+	v.OutputBytes = len(output)
+	switch {
+	case strings.HasPrefix(origin, "http="):
+		v.OutputKind = outputHTTP
+		// httpidem's stored response starts with its format's version,
+		// 1, and the status as a uvarint.
+		status, n := binary.Uvarint(output[1:])
+		if output[0] != 1 || n <= 0 || status < 100 || status > 999 {
+			v.OutputError = "not a stored HTTP response"
+			return
+		}
+		v.HTTPStatus = int(status)
+	case origin == "" || strings.HasPrefix(origin, "message_uuid="):
+		v.OutputKind = outputMessages
+		msgs, err := backends.DecodeOutput(output)
 		if err != nil {
 			v.OutputError = err.Error()
 		}
 		for _, m := range msgs {
 			v.Output = append(v.Output, outputView{UUID: m.UUID, Metadata: m.Metadata, PayloadBytes: len(m.Payload)})
 		}
+	default:
+		v.OutputKind = outputResult
 	}
-	return v
 }
 
 func seconds(d time.Duration) float64 { return max(0, d.Round(time.Millisecond).Seconds()) }
@@ -120,8 +161,13 @@ func printRecord(w io.Writer, v recordView) {
 	if v.Fingerprint != "" {
 		row("fingerprint", "%s", v.Fingerprint)
 	}
-	if v.OutputError != "" {
-		row("output", "unreadable: %s", v.OutputError)
+	switch {
+	case v.OutputError != "":
+		row("output", "unreadable: %s (%d bytes)", v.OutputError, v.OutputBytes)
+	case v.OutputKind == outputHTTP:
+		row("output", "stored HTTP response: status %d, %d bytes", v.HTTPStatus, v.OutputBytes)
+	case v.OutputKind == outputResult:
+		row("output", "stored result: %d bytes", v.OutputBytes)
 	}
 	for i, o := range v.Output {
 		row(fmt.Sprintf("output[%d]", i), "uuid %s, %d payload bytes, metadata %s", o.UUID, o.PayloadBytes, metadataString(o.Metadata))

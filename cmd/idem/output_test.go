@@ -1,7 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -9,6 +13,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-idempotency/idempotency/httpidem"
+	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
 
 // idem inspect and idem list tell, on every store, which delivery holds
@@ -59,6 +66,9 @@ func testOriginShown(t *testing.T, env []string) {
 	require.False(t, v.CompletedAt.Before(*v.AcquiredAt))
 	require.Regexp(t, `(?m)^origin +message_uuid=origin-done$`, ok(t, env, "inspect", "charge:origin-done"))
 
+	// What a completed record stores, by what completed it.
+	testOutputKinds(t, env)
+
 	// A key an operator completed says so.
 	ok(t, env, "complete", "charge:origin-op", "--create")
 	require.Equal(t, "idem complete", inspectJSON(t, env, "charge:origin-op").Origin)
@@ -85,3 +95,50 @@ func testOriginShown(t *testing.T, env []string) {
 
 // regexpStamp is t as idem prints it, quoted for a regular expression.
 func regexpStamp(t time.Time) string { return strings.ReplaceAll(stamp(t), ".", `\.`) }
+
+// testOutputKinds checks that inspect tells what a completed record
+// stores by what completed it: an HTTP response through httpidem (its
+// status), a function's result through Do (its size).
+func testOutputKinds(t *testing.T, env []string) {
+	ctx := context.Background()
+	web, closeWeb, err := middlewareFor(ctx, "web", nil)
+	require.NoError(t, err)
+	defer closeWeb()
+	mw, err := httpidem.New(httpidem.Config{Idempotency: web})
+	require.NoError(t, err)
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "created")
+	}))
+	req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"id":1}`))
+	req.Header.Set("Idempotency-Key", "order-1")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+	var page struct {
+		Records []recordView `json:"records"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(ok(t, env, "list", "--namespace", "web", "-o", "json")), &page))
+	require.Len(t, page.Records, 1)
+	key := page.Records[0].Key
+	v := inspectJSON(t, env, key)
+	require.Equal(t, outputHTTP, v.OutputKind, "origin %q", v.Origin)
+	require.Equal(t, http.StatusCreated, v.HTTPStatus)
+	require.Empty(t, v.OutputError)
+	require.Empty(t, v.Output)
+	require.Greater(t, v.OutputBytes, len("created"))
+	require.Regexp(t, `(?m)^output +stored HTTP response: status 201, [0-9]+ bytes$`, ok(t, env, "inspect", key))
+
+	calc, closeCalc, err := middlewareFor(ctx, "calc", nil)
+	require.NoError(t, err)
+	defer closeCalc()
+	sum, err := idempotency.Do(ctx, calc, "sum-1", func(context.Context) (int, error) { return 42, nil })
+	require.NoError(t, err)
+	require.Equal(t, 42, sum)
+	v = inspectJSON(t, env, "calc:sum-1")
+	require.Equal(t, "do", v.Origin)
+	require.Equal(t, outputResult, v.OutputKind)
+	require.Equal(t, len("42"), v.OutputBytes)
+	require.Empty(t, v.OutputError)
+	require.Regexp(t, `(?m)^output +stored result: 2 bytes$`, ok(t, env, "inspect", "calc:sum-1"))
+}
