@@ -89,12 +89,31 @@ type lane struct {
 // call is one command, a script run or a plain command.
 type call struct {
 	ctx    context.Context
-	script *redis.Script // nil for a plain command
-	keys   []string      // a script's keys
-	args   []any         // a script's arguments, or the whole command
-	cmd    *redis.Cmd    // the reply, set before done is closed
-	done   chan struct{} // closed once cmd is set
+	script *script       // the command's script; nil for a plain command
+	args   []any         // the command
+	cmd    *redis.Cmd    // the reply, set before done receives
+	done   chan struct{} // receives once cmd is set (capacity 1)
 	taken  bool          // in a batch; guarded by the lane's mu
+}
+
+// calls keeps calls for reuse: a call whose caller had its reply is
+// free again. One whose caller's context ended first is left to the
+// garbage collector, as a batch may still hold it.
+var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+func newCall(ctx context.Context, script *script, args []any) *call {
+	cl := calls.Get().(*call)
+	cl.ctx, cl.script, cl.args = ctx, script, args
+	return cl
+}
+
+// free returns the reply of cl, which its caller received, and puts cl
+// back for reuse.
+func (cl *call) free() *redis.Cmd {
+	cmd := cl.cmd
+	*cl = call{done: cl.done}
+	calls.Put(cl)
+	return cmd
 }
 
 func newCoalescer(client redis.UniversalClient, off bool, poolSize int) *coalescer {
@@ -114,19 +133,19 @@ func newCoalescer(client redis.UniversalClient, off bool, poolSize int) *coalesc
 	return c
 }
 
-// run runs script on keys (one key) and args, as script.Run would, and
-// returns its reply.
-func (c *coalescer) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+// run runs script on key with argv and returns its reply.
+func (c *coalescer) run(ctx context.Context, script *script, key string, argv ...any) *redis.Cmd {
+	cmd := script.command(key, argv)
 	if c.pipeline == nil {
-		return script.Run(ctx, c.client, keys, args...)
+		return script.run(ctx, c.client, cmd)
 	}
-	l := c.laneFor(ctx, keys[0])
+	l := c.laneFor(ctx, key)
 	if !l.enter(c) {
-		return c.queue(l, &call{ctx: ctx, script: script, keys: keys, args: args})
+		return c.queue(l, newCall(ctx, script, cmd))
 	}
-	cmd := script.Run(ctx, c.client, keys, args...)
+	reply := script.run(ctx, c.client, cmd)
 	c.leave(l)
-	return cmd
+	return reply
 }
 
 // do sends the command args on key, as client.Do would, and returns its
@@ -137,7 +156,7 @@ func (c *coalescer) do(ctx context.Context, key string, args ...any) *redis.Cmd 
 	}
 	l := c.laneFor(ctx, key)
 	if !l.enter(c) {
-		return c.queue(l, &call{ctx: ctx, args: args})
+		return c.queue(l, newCall(ctx, nil, args))
 	}
 	cmd := c.client.Do(ctx, args...)
 	c.leave(l)
@@ -151,7 +170,8 @@ func (c *coalescer) do(ctx context.Context, key string, args ...any) *redis.Cmd 
 // message (runtime.newstack took 13% of the process's CPU samples in
 // benchmarks/e2ebench when each call went through two more frames, 7%
 // without them). So the direct path adds no frame around the client's
-// call, and the queue's select lives in a function of its own.
+// call but script.run's, where go-redis's Script.Run would add three, and
+// the queue's select lives in a function of its own.
 
 // enter takes a round trip slot of l for a call sent on its own (true),
 // or leaves the caller to queue its call (false): when direct calls are
@@ -188,7 +208,6 @@ func (c *coalescer) queue(l *lane, cl *call) *redis.Cmd {
 		l.mu.Unlock()
 		return failed(ctx, err)
 	}
-	cl.done = make(chan struct{})
 	l.queue = append(l.queue, cl)
 	c.arm(l)
 	var batch []*call
@@ -202,11 +221,11 @@ func (c *coalescer) queue(l *lane, cl *call) *redis.Cmd {
 
 	select {
 	case <-cl.done:
-		return cl.cmd
+		return cl.free()
 	case <-ctx.Done():
 		select {
 		case <-cl.done: // the reply came as the context ended
-			return cl.cmd
+			return cl.free()
 		default:
 		}
 		l.mu.Lock()
@@ -356,11 +375,10 @@ func (l *lane) take(buf []*call) []*call {
 	return buf
 }
 
-// sendOne sends cl on its own, with its own context, as script.Run or
-// client.Do would.
+// sendOne sends cl on its own, with its own context.
 func (c *coalescer) sendOne(cl *call) {
 	if cl.script != nil {
-		cl.cmd = cl.script.Run(cl.ctx, c.client, cl.keys, cl.args...)
+		cl.cmd = cl.script.run(cl.ctx, c.client, cl.args)
 	} else {
 		cl.cmd = c.client.Do(cl.ctx, cl.args...)
 	}
@@ -378,18 +396,14 @@ func (c *coalescer) send(batch []*call) {
 	case 1:
 		cl := batch[0]
 		c.sendOne(cl)
-		close(cl.done)
+		cl.done <- struct{}{}
 		return
 	}
 	ctx, cancel := batchContext(batch)
 	defer cancel()
 	p := c.pipeline()
 	for _, cl := range batch {
-		if cl.script != nil {
-			cl.cmd = cl.script.EvalSha(ctx, p, cl.keys, cl.args...)
-		} else {
-			cl.cmd = p.Do(ctx, cl.args...)
-		}
+		cl.cmd = p.Do(ctx, cl.args...)
 	}
 	_, err := p.Exec(ctx)
 	retry := batch[:0:0]
@@ -404,7 +418,7 @@ func (c *coalescer) send(batch []*call) {
 		return
 	}
 	for _, cl := range retry {
-		cl.cmd = cl.script.Eval(ctx, p, cl.keys, cl.args...)
+		cl.cmd = p.Do(ctx, cl.script.eval(cl.args)...)
 	}
 	_, err = p.Exec(ctx)
 	for _, cl := range retry {
@@ -418,7 +432,7 @@ func settle(cl *call, pipeErr error) {
 	if pipeErr != nil && cl.cmd.Err() == nil && cl.cmd.Val() == nil {
 		cl.cmd.SetErr(pipeErr)
 	}
-	close(cl.done)
+	cl.done <- struct{}{}
 }
 
 // batchContext returns a context with the values of the batch's first

@@ -94,7 +94,7 @@ func (s *Store) inspectMany(ctx context.Context, keys []string) ([]backends.Reco
 // kilobytes (prelude.lua and its own), and EVAL would send it, and the
 // server hash it, once per key. The calls that find a server without the
 // script go again as EVAL, in a second pipeline.
-func (s *Store) evalEach(ctx context.Context, script *redis.Script, keys []string, args ...any) ([]*redis.Cmd, error) {
+func (s *Store) evalEach(ctx context.Context, script *script, keys []string, args ...any) ([]*redis.Cmd, error) {
 	cmds := make([]*redis.Cmd, len(keys))
 	todo := make([]int, len(keys))
 	for i := range todo {
@@ -103,12 +103,11 @@ func (s *Store) evalEach(ctx context.Context, script *redis.Script, keys []strin
 	for eval := false; ; eval = true {
 		p := s.client.Pipeline()
 		for _, i := range todo {
-			k := []string{s.prefix + keys[i]}
+			cmd := script.command(s.prefix+keys[i], args)
 			if eval {
-				cmds[i] = script.Eval(ctx, p, k, args...)
-			} else {
-				cmds[i] = script.EvalSha(ctx, p, k, args...)
+				cmd = script.eval(cmd)
 			}
+			cmds[i] = p.Do(ctx, cmd...)
 		}
 		_, _ = p.Exec(ctx) // each call has its own error, the pipeline's if it failed
 		retry := todo[:0]

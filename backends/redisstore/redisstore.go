@@ -40,11 +40,11 @@ var (
 	// prelude.lua: Redis keeps no library between scripts (FUNCTION LOAD
 	// needs Redis 7.0), so each carries them. The scripts of every
 	// message, take.lua and lease.lua, need none.
-	acquireScript = redis.NewScript(preludeSrc + acquireSrc)
-	takeScript    = redis.NewScript(takeSrc)
-	leaseScript   = redis.NewScript(leaseSrc)
-	inspectScript = redis.NewScript(preludeSrc + inspectSrc)
-	deleteScript  = redis.NewScript(deleteSrc)
+	acquireScript = newScript(preludeSrc + acquireSrc)
+	takeScript    = newScript(takeSrc)
+	leaseScript   = newScript(leaseSrc)
+	inspectScript = newScript(preludeSrc + inspectSrc)
+	deleteScript  = newScript(deleteSrc)
 )
 
 // DefaultPrefix is the default [Options.Prefix].
@@ -195,7 +195,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 			return backends.AcquireResult{}, opError(ctx, "acquire", err)
 		}
 	}
-	vals, err := s.calls.run(ctx, acquireScript, []string{key},
+	vals, err := s.calls.run(ctx, acquireScript, key,
 		req.Owner, ttl, retention, req.Fingerprint, ttl+retention, req.Origin).Slice()
 	if err != nil {
 		return backends.AcquireResult{}, opError(ctx, "acquire", err)
@@ -237,7 +237,7 @@ func (s *Store) take(ctx context.Context, key string, req backends.AcquireReques
 		}
 		next = leaseRecord(res.Lease.Token, req.Owner, res.Lease.Attempt, retention, ttl, 0, req.Origin, fp)
 	}
-	n, err := s.calls.run(ctx, takeScript, []string{key}, v, next, ttl+retention, live).Int64()
+	n, err := s.calls.run(ctx, takeScript, key, v, next, ttl+retention, live).Int64()
 	switch {
 	case err != nil:
 		return backends.AcquireResult{}, false, opError(ctx, "acquire", err)
@@ -338,14 +338,15 @@ func bytesOrNil(v any) []byte {
 	return nil
 }
 
-// onLease runs lease.lua for op on the lease, which answers 1 when the
-// lease held and 0 when it did not.
-func (s *Store) onLease(ctx context.Context, name string, lease backends.Lease, op string, args ...any) error {
+// onLease runs lease.lua on the lease with args, its operation and that
+// operation's arguments (see the script), and answers 1 when the lease
+// held and 0 when it did not.
+func (s *Store) onLease(ctx context.Context, name string, lease backends.Lease, args ...any) error {
 	if err := storekit.ValidateLease(lease); err != nil {
 		return err
 	}
-	args = append([]any{leaseHeader(lease), op}, args...)
-	n, err := s.calls.run(ctx, leaseScript, []string{s.prefix + lease.Key}, args...).Int64()
+	argv := append(append(make([]any, 0, 4), leaseHeader(lease)), args...)
+	n, err := s.calls.run(ctx, leaseScript, s.prefix+lease.Key, argv...).Int64()
 	if err != nil {
 		return opError(ctx, name, err)
 	}
@@ -379,7 +380,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (backends.Record, error
 	if err := storekit.ValidateKey(key); err != nil {
 		return backends.Record{}, err
 	}
-	vals, err := s.calls.run(ctx, inspectScript, []string{s.prefix + key}).Slice()
+	vals, err := s.calls.run(ctx, inspectScript, s.prefix+key).Slice()
 	if errors.Is(err, redis.Nil) {
 		return backends.Record{}, backends.ErrNotFound
 	}
@@ -512,7 +513,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := storekit.ValidateKey(key); err != nil {
 		return err
 	}
-	n, err := s.calls.run(ctx, deleteScript, []string{s.prefix + key}).Int64()
+	n, err := s.calls.run(ctx, deleteScript, s.prefix+key).Int64()
 	if err != nil {
 		return opError(ctx, "delete", err)
 	}
