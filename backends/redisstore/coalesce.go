@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-idempotency/idempotency/internal/stack"
 )
 
 // How calls are coalesced.
@@ -316,8 +318,12 @@ func (l *lane) next(c *coalescer, buf []*call, drainer bool, sent int) (batch []
 // that call again straight away, as a handler's next Acquire follows its
 // Complete, join the next batch instead of waiting a round trip more
 // behind it. Each round trip costs both processes a write, a read and a
-// wake-up, whatever it carries, so fewer, fuller ones cost less CPU.
+// wake-up, whatever it carries, so fewer, fuller ones cost less CPU. A
+// drain runs on a goroutine started for it, which goes down to the socket:
+// its stack is grown first (stack.Grow; runtime.newstack took 3.7% of the
+// client's CPU in redisbench (e) without it, 0.9% with it).
 func (c *coalescer) drain(l *lane, batch []*call) {
+	stack.Grow()
 	for ok := true; ok; batch, ok = l.next(c, batch[:0], true, len(batch)) {
 		c.send(batch)
 		runtime.Gosched()

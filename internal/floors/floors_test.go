@@ -18,7 +18,7 @@ var floors = []struct {
 	name  string
 	paths []string
 }{
-	{"stores", []string{"backends"}},
+	{"stores", []string{"backends", "internal/stack"}},
 	{"keys", []string{"keyfunc"}},
 	{"middleware", []string{"middleware"}},
 }
