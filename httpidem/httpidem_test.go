@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -266,11 +267,14 @@ func TestMissingAndInvalidKeys(t *testing.T) {
 
 func TestFingerprint(t *testing.T) {
 	eachStore(t, func(t *testing.T, s storeCase) {
-		e := newEnv(t, s.open(t), httpidem.Config{}, created)
+		logger := watermill.NewCaptureLogger()
+		e := newEnv(t, s.open(t), httpidem.Config{}, created, func(c *idempotency.Config) { c.Logger = logger })
 		require.Equal(t, http.StatusCreated, e.post("/orders", `"k"`, `{"amount":10}`).status)
 		requireProblem(t, e.post("/orders", `"k"`, `{"amount":99}`), http.StatusUnprocessableEntity)
 		requireProblem(t, e.post("/orders?dry_run=1", `"k"`, `{"amount":10}`), http.StatusUnprocessableEntity)
 		require.Equal(t, int32(1), e.runs.Load())
+		require.Empty(t, logger.Captured()[watermill.ErrorLogLevel], "a 422 answers the client: not an error of the service's")
+		require.Len(t, logger.Captured()[watermill.DebugLogLevel], 2, "each 422 at debug level")
 
 		// A fingerprint of the application's choosing, and a problem type
 		// of its own.

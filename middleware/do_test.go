@@ -8,9 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-idempotency/idempotency/backends"
+	"github.com/watermill-idempotency/idempotency/keyfunc"
 	"github.com/watermill-idempotency/idempotency/middleware"
 	"github.com/watermill-idempotency/idempotency/storetest"
 )
@@ -210,4 +213,37 @@ func TestDoStorm(t *testing.T) {
 			require.Equal(t, "order-"+string(rune('a'+k))+"-done", v)
 		}
 	}
+}
+
+// A fingerprint mismatch is the caller's own input when it comes through
+// Do (or an HTTP request): Do returns it, so it is logged at debug level,
+// as a duplicate is. A broker's message with one is logged at error level.
+func TestDoFingerprintMismatchIsNotLoggedAsAnError(t *testing.T) {
+	logger := watermill.NewCaptureLogger()
+	idem, counters := newMiddleware(t, newMemstore(), func(c *middleware.Config) { c.Logger = logger })
+	ok := func(context.Context) (int, error) { return 1, nil }
+	_, err := middleware.DoWith(t.Context(), idem, "k", middleware.DoOptions{Fingerprint: "amount=10"}, ok)
+	require.NoError(t, err)
+	_, err = middleware.DoWith(t.Context(), idem, "k", middleware.DoOptions{Fingerprint: "amount=99"}, ok)
+	require.ErrorIs(t, err, middleware.ErrFingerprintMismatch)
+	require.EqualValues(t, 1, counters.Count(middleware.OutcomeFingerprintMismatch))
+	require.Empty(t, logger.Captured()[watermill.ErrorLogLevel])
+	var debug bool
+	for _, msg := range logger.Captured()[watermill.DebugLogLevel] {
+		if msg.Msg == "idempotency: fingerprint_mismatch" && msg.Fields["idempotency_key"] == "test:k" {
+			debug = true
+			require.ErrorIs(t, msg.Fields["err"].(error), middleware.ErrFingerprintMismatch)
+		}
+	}
+	require.True(t, debug, "logged at debug with its error: %v", logger.Captured())
+
+	msgs, _ := newMiddleware(t, newMemstore(), func(c *middleware.Config) {
+		c.Logger, c.Fingerprint = logger, keyfunc.PayloadHash()
+	})
+	h := msgs.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	_, err = h(newMsg("m", "amount=10"))
+	require.NoError(t, err)
+	_, err = h(newMsg("m", "amount=99"))
+	require.ErrorIs(t, err, middleware.ErrFingerprintMismatch)
+	require.Len(t, logger.Captured()[watermill.ErrorLogLevel], 1, "a message's mismatch is logged at error level")
 }

@@ -64,10 +64,25 @@ func (m *Idempotency) log(d *delivery) {
 		m.cfg.Logger.Trace("idempotency: "+o.String(), f)
 	case OutcomeDuplicate, OutcomeInProgress, OutcomeCanceled:
 		m.cfg.Logger.Debug("idempotency: "+o.String(), f)
-	default:
-		if m.logs.allow(o, time.Now(), d.ev.Err, f) {
-			m.cfg.Logger.Error("idempotency: "+o.String(), d.ev.Err, f)
+	case OutcomeFingerprintMismatch:
+		if !d.paced {
+			// A call's or a request's own input: Do returns the error and
+			// httpidem answers 422, as they answer a duplicate or a key in
+			// progress. Only a broker's message is the service's to fix.
+			f["err"] = d.ev.Err
+			m.cfg.Logger.Debug("idempotency: "+o.String(), f)
+			return
 		}
+		m.logError(o, d.ev.Err, f)
+	default:
+		m.logError(o, d.ev.Err, f)
+	}
+}
+
+// logError logs outcome o at error level, rate-limited (logLimit).
+func (m *Idempotency) logError(o Outcome, err error, f watermill.LogFields) {
+	if m.logs.allow(o, time.Now(), err, f) {
+		m.cfg.Logger.Error("idempotency: "+o.String(), err, f)
 	}
 }
 
