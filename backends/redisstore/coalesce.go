@@ -98,13 +98,13 @@ type call struct {
 	taken  bool          // in a batch; guarded by the lane's mu
 }
 
-// calls keeps calls for reuse: a call whose caller had its reply is
+// callPool keeps calls for reuse: a call whose caller had its reply is
 // free again. One whose caller's context ended first is left to the
 // garbage collector, as a batch may still hold it.
-var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 func newCall(ctx context.Context, script *script, args []any) *call {
-	cl := calls.Get().(*call)
+	cl := callPool.Get().(*call)
 	cl.ctx, cl.script, cl.args = ctx, script, args
 	return cl
 }
@@ -114,7 +114,7 @@ func newCall(ctx context.Context, script *script, args []any) *call {
 func (cl *call) free() *redis.Cmd {
 	cmd := cl.cmd
 	*cl = call{done: cl.done}
-	calls.Put(cl)
+	callPool.Put(cl)
 	return cmd
 }
 
