@@ -73,16 +73,11 @@ func (m *Idempotency) log(d *delivery) {
 			m.cfg.Logger.Debug("idempotency: "+o.String(), f)
 			return
 		}
-		m.logError(o, d.ev.Err, f)
+		fallthrough
 	default:
-		m.logError(o, d.ev.Err, f)
-	}
-}
-
-// logError logs outcome o at error level, rate-limited (logLimit).
-func (m *Idempotency) logError(o Outcome, err error, f watermill.LogFields) {
-	if m.logs.allow(o, time.Now(), err, f) {
-		m.cfg.Logger.Error("idempotency: "+o.String(), err, f)
+		if m.logs.allow(o, time.Now(), d.ev.Err, f) {
+			m.cfg.Logger.Error("idempotency: "+o.String(), d.ev.Err, f)
+		}
 	}
 }
 

@@ -120,6 +120,9 @@ end
 return 0`)
 )
 
+// errClaimLost is the peer's finish of a claim that another took.
+var errClaimLost = errors.New("e2ebench: the claim was lost: the key holds another token")
+
 // casTokens numbers the claims of the peer with an owner check.
 var casTokens atomic.Uint64
 
@@ -133,7 +136,11 @@ func setupCas(_ context.Context, e *env, id string, _ idempotency.Observer) (mes
 	return setupRedisPeer(e, id, "cas",
 		func() string { return "t" + strconv.FormatUint(casTokens.Add(1), 10) },
 		func(ctx context.Context, client *redis.Client, key, token string) error {
-			return casFinish.Run(ctx, client, []string{key}, token, peerRetention.Milliseconds()).Err()
+			err := casFinish.Run(ctx, client, []string{key}, token, peerRetention.Milliseconds()).Err()
+			if errors.Is(err, redis.Nil) { // the script's false: another holds the key
+				return errClaimLost
+			}
+			return err
 		},
 		func(ctx context.Context, client *redis.Client, key, token string) error {
 			return casRelease.Run(ctx, client, []string{key}, token).Err()
