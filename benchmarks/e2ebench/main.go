@@ -15,12 +15,17 @@
 //	                it holds that token (peers.go)
 //	redisstore      this middleware on Redis, the server of the stream
 //	redisstore-off  the same with Coalescing: CoalesceOff
+//	redisstore-cache
+//	                redisstore with the middleware's completed-key cache
 //	pg-insert       a hand-written lease on Postgres: INSERT ON CONFLICT DO
 //	                NOTHING before the handler, UPDATE after (peers.go)
 //	pgstore         this middleware on Postgres
+//	pgstore-cache   the same with the completed-key cache
 //	mysql-insert    a hand-written lease on MariaDB or MySQL: INSERT IGNORE
 //	                before the handler, UPDATE after, prepared (peers.go)
 //	mysqlstore      this middleware on MariaDB or MySQL
+//	mysqlstore-cache
+//	                the same with the completed-key cache
 //
 // and prints for each the messages per second and the CPU each message
 // cost: the benchmark process's own (getrusage), and the servers' over the

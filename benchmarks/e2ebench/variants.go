@@ -73,16 +73,19 @@ var variants = []variant{
 		if err != nil {
 			return nil, nil, err
 		}
-		return e.middleware(store, obs, func() {})
+		return e.middleware(store, obs, idempotency.CompletedCache{}, func() {})
 	}},
 	{name: "redis-setnx", once: true, peer: true, setup: setupSetnx},
 	{name: "redis-cas", once: true, peer: true, setup: setupCas},
-	{name: "redisstore", once: true, setup: setupRedisstore(redisstore.CoalesceConcurrent)},
-	{name: "redisstore-off", once: true, setup: setupRedisstore(redisstore.CoalesceOff)},
+	{name: "redisstore", once: true, setup: setupRedisstore(redisstore.CoalesceConcurrent, idempotency.CompletedCache{})},
+	{name: "redisstore-off", once: true, setup: setupRedisstore(redisstore.CoalesceOff, idempotency.CompletedCache{})},
+	{name: "redisstore-cache", once: true, setup: setupRedisstore(redisstore.CoalesceConcurrent, completedCache)},
 	{name: "pg-insert", once: true, peer: true, server: postgresServer, setup: setupInsert},
-	{name: "pgstore", once: true, server: postgresServer, setup: setupPgstore},
+	{name: "pgstore", once: true, server: postgresServer, setup: setupPgstore(idempotency.CompletedCache{})},
+	{name: "pgstore-cache", once: true, server: postgresServer, setup: setupPgstore(completedCache)},
 	{name: "mysql-insert", once: true, peer: true, server: mariadbServer, setup: setupMysqlInsert},
-	{name: "mysqlstore", once: true, server: mariadbServer, setup: setupMysqlstore},
+	{name: "mysqlstore", once: true, server: mariadbServer, setup: setupMysqlstore(idempotency.CompletedCache{})},
+	{name: "mysqlstore-cache", once: true, server: mariadbServer, setup: setupMysqlstore(completedCache)},
 }
 
 func variantNames() []string {
@@ -102,12 +105,18 @@ func lookupVariant(name string) (variant, bool) {
 	return variant{}, false
 }
 
+// completedCache is the completed-key cache of the -cache variants, as
+// docs/configuration.md sets it up: room for every key of a run, each
+// trusted for a minute.
+var completedCache = idempotency.CompletedCache{Size: 100_000, TTL: time.Minute}
+
 // middleware is this middleware on store, as one service sets it up for
 // all its handlers: one instance, one namespace, since the handlers are
 // copies competing for the stream's entries; an observer counts the
-// outcomes, as a service's metrics would.
-func (e *env) middleware(store backends.Store, obs idempotency.Observer, undo func()) (message.HandlerMiddleware, func(), error) {
-	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "orders", Observer: obs})
+// outcomes, as a service's metrics would; cache is its completed-key
+// cache (the zero value: none).
+func (e *env) middleware(store backends.Store, obs idempotency.Observer, cache idempotency.CompletedCache, undo func()) (message.HandlerMiddleware, func(), error) {
+	idem, err := idempotency.New(idempotency.Config{Store: store, Namespace: "orders", Observer: obs, CompletedCache: cache})
 	if err != nil {
 		undo()
 		return nil, nil, err
@@ -120,10 +129,10 @@ func (e *env) middleware(store backends.Store, obs idempotency.Observer, undo fu
 // consumer acquire at once.
 func (e *env) poolSize() int { return 2 * e.cfg.consumers }
 
-// setupRedisstore returns the setup of the store with coalescing: a
-// client of its own on the stream's Redis (docs/redis.md), its keys under
-// a prefix of the run's.
-func setupRedisstore(coalescing redisstore.Coalescing) func(context.Context, *env, string, idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+// setupRedisstore returns the setup of the store with coalescing and
+// the middleware with cache: a client of its own on the stream's Redis
+// (docs/redis.md), its keys under a prefix of the run's.
+func setupRedisstore(coalescing redisstore.Coalescing, cache idempotency.CompletedCache) func(context.Context, *env, string, idempotency.Observer) (message.HandlerMiddleware, func(), error) {
 	return func(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
 		client := redis.NewClient(&redis.Options{Addr: e.cfg.redisAddr, ContextTimeoutEnabled: true, PoolSize: e.poolSize()})
 		prefix := e.name(id, "idem") + ":"
@@ -136,7 +145,7 @@ func setupRedisstore(coalescing redisstore.Coalescing) func(context.Context, *en
 			client.Close()
 			return nil, nil, err
 		}
-		return e.middleware(store, obs, func() {
+		return e.middleware(store, obs, cache, func() {
 			_ = store.Close()
 			_ = client.Close()
 			e.deleteKeys(prefix + "*")
@@ -144,33 +153,36 @@ func setupRedisstore(coalescing redisstore.Coalescing) func(context.Context, *en
 	}
 }
 
-// setupPgstore gives the store a pool of its own (docs/postgres.md) and a
-// table in a schema of the run's, dropped afterwards.
-func setupPgstore(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
-	pool, err := e.pgPool(ctx, "pgstore")
-	if err != nil {
-		return nil, nil, err
+// setupPgstore returns the setup of the store, with the middleware's
+// cache: a pool of its own (docs/postgres.md) and a table in a schema of
+// the run's, dropped afterwards.
+func setupPgstore(cache idempotency.CompletedCache) func(context.Context, *env, string, idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+	return func(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+		pool, err := e.pgPool(ctx, "pgstore")
+		if err != nil {
+			return nil, nil, err
+		}
+		schema := sqlName(e.name(id))
+		store, err := pgstore.New(pool, pgstore.Options{Schema: schema})
+		if err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		undo := func() {
+			_ = store.Close()
+			_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+			pool.Close()
+		}
+		if err := store.Migrate(ctx); err != nil {
+			undo()
+			return nil, nil, err
+		}
+		if err := warmPool(ctx, pool, e.poolSize()); err != nil {
+			undo()
+			return nil, nil, err
+		}
+		return e.middleware(store, obs, cache, undo)
 	}
-	schema := sqlName(e.name(id))
-	store, err := pgstore.New(pool, pgstore.Options{Schema: schema})
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	undo := func() {
-		_ = store.Close()
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
-		pool.Close()
-	}
-	if err := store.Migrate(ctx); err != nil {
-		undo()
-		return nil, nil, err
-	}
-	if err := warmPool(ctx, pool, e.poolSize()); err != nil {
-		undo()
-		return nil, nil, err
-	}
-	return e.middleware(store, obs, undo)
 }
 
 // pgPool returns a pool of its own for variant, of poolSize connections.
@@ -205,32 +217,35 @@ func warmPool(ctx context.Context, pool *pgxpool.Pool, n int) error {
 	return nil
 }
 
-// setupMysqlstore gives the store a *sql.DB of its own with a limit
-// (docs/mysql.md) and a table of the run's, dropped afterwards.
-func setupMysqlstore(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
-	db, err := e.mysqlDB("mysqlstore")
-	if err != nil {
-		return nil, nil, err
+// setupMysqlstore returns the setup of the store, with the middleware's
+// cache: a *sql.DB of its own with a limit (docs/mysql.md) and a table of
+// the run's, dropped afterwards.
+func setupMysqlstore(cache idempotency.CompletedCache) func(context.Context, *env, string, idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+	return func(ctx context.Context, e *env, id string, obs idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+		db, err := e.mysqlDB("mysqlstore")
+		if err != nil {
+			return nil, nil, err
+		}
+		table := sqlName(e.name(id))
+		store, err := mysqlstore.New(db, mysqlstore.Options{Table: table})
+		if err != nil {
+			db.Close()
+			return nil, nil, err
+		}
+		undo := func() {
+			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+table+"`")
+			db.Close()
+		}
+		if err := store.Migrate(ctx); err != nil {
+			undo()
+			return nil, nil, err
+		}
+		if err := warmDB(ctx, db, e.poolSize()); err != nil {
+			undo()
+			return nil, nil, err
+		}
+		return e.middleware(store, obs, cache, undo)
 	}
-	table := sqlName(e.name(id))
-	store, err := mysqlstore.New(db, mysqlstore.Options{Table: table})
-	if err != nil {
-		db.Close()
-		return nil, nil, err
-	}
-	undo := func() {
-		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+table+"`")
-		db.Close()
-	}
-	if err := store.Migrate(ctx); err != nil {
-		undo()
-		return nil, nil, err
-	}
-	if err := warmDB(ctx, db, e.poolSize()); err != nil {
-		undo()
-		return nil, nil, err
-	}
-	return e.middleware(store, obs, undo)
 }
 
 // mysqlDB returns a *sql.DB of its own for variant, of poolSize
