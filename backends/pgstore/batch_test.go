@@ -41,43 +41,14 @@ func (b *batches) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndDat
 // never another's.
 func TestBatchRefusedCallIsNotAnothersError(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testserver.PostgresURL(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 4 // one batch in flight at a time
 	traced := &batches{}
-	cfg.ConnConfig.Tracer = traced
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := tracedPool(t, 4, traced) // one batch in flight at a time
 	store := newStore(t, pool, pgstore.Options{Wake: pgstore.WakePoll})
 	table := `"` + store.Options().Schema + `"."` + store.Options().Table + `"`
-	_, err = pool.Exec(ctx, `ALTER TABLE `+table+` ADD CONSTRAINT refused CHECK (owner <> 'refused')`)
+	_, err := pool.Exec(ctx, `ALTER TABLE `+table+` ADD CONSTRAINT refused CHECK (owner <> 'refused')`)
 	require.NoError(t, err)
-
-	// Another transaction inserts the key "held" and keeps it
-	// uncommitted: an Acquire of it waits, in flight, until it ends.
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
+	tx, first := holdInFlight(t, pool, store)
 	defer tx.Rollback(ctx) //nolint:errcheck
-	_, err = tx.Exec(ctx, `INSERT INTO `+table+` (key, state, owner, token, attempt, lease_expires_at, retention_us, forget_at)
-		VALUES ('held', $1, 'x', 1, 1, now(), 0, now() + interval '1 hour')`, pgstore.StateReleased)
-	require.NoError(t, err)
-	acquire := func(key, owner string) (backends.AcquireResult, error) {
-		ctx, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		return store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour})
-	}
-	first := make(chan error, 1)
-	go func() {
-		_, err := acquire("held", "first")
-		first <- err
-	}()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%')`,
-			pgstore.AcquireFunction(store)).Scan(&waiting))
-		return waiting
-	}, 10*time.Second, 5*time.Millisecond, "the first Acquire waits for the row")
 
 	const queued = 6
 	type result struct {
@@ -92,7 +63,7 @@ func TestBatchRefusedCallIsNotAnothersError(t *testing.T) {
 			owner = "refused"
 		}
 		go func() {
-			res, err := acquire("key-"+owner, owner)
+			res, err := acquireFor(store, "key-"+owner, owner)
 			results <- result{owner, res, err}
 		}()
 	}
@@ -115,4 +86,109 @@ func TestBatchRefusedCallIsNotAnothersError(t *testing.T) {
 	traced.mu.Lock()
 	defer traced.mu.Unlock()
 	require.Equal(t, []int{queued}, traced.sizes, "the queued calls went as one batch")
+}
+
+// tracedPool is a pool of maxConns connections that traces its batches
+// into traced.
+func tracedPool(t *testing.T, maxConns int32, traced *batches) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testserver.PostgresURL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.Tracer = traced
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// acquireFor acquires key for owner, within a minute.
+func acquireFor(store *pgstore.Store, key, owner string) (backends.AcquireResult, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return store.Acquire(ctx, backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour})
+}
+
+// holdInFlight keeps one of store's calls in flight: another transaction,
+// tx, inserts the key "held" and keeps it uncommitted, and an Acquire of
+// it waits for tx to end; first receives that Acquire's error then.
+func holdInFlight(t *testing.T, pool *pgxpool.Pool, store *pgstore.Store) (tx pgx.Tx, first <-chan error) {
+	t.Helper()
+	ctx := context.Background()
+	table := pgx.Identifier{store.Options().Schema, store.Options().Table}.Sanitize()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `INSERT INTO `+table+` (key, state, owner, token, attempt, lease_expires_at, retention_us, forget_at)
+		VALUES ('held', $1, 'x', 1, 1, now(), 0, now() + interval '1 hour')`, pgstore.StateReleased)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := acquireFor(store, "held", "first")
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%')`,
+			pgstore.AcquireFunction(store)).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the first Acquire waits for the row")
+	return tx, done
+}
+
+// Options.InFlight bounds the round trips out at once: with one, the
+// calls that arrive while one waits on a locked row queue, and go as one
+// batch when it comes back; by default a pool of 16 has four out, and the
+// same calls go at once, each alone.
+func TestInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		inFlight int
+		queue    bool
+	}{
+		{"one", 1, true},
+		{"default, a quarter of the pool", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			traced := &batches{}
+			pool := tracedPool(t, 16, traced)
+			store := newStore(t, pool, pgstore.Options{Wake: pgstore.WakePoll, InFlight: tc.inFlight})
+			tx, first := holdInFlight(t, pool, store)
+			defer tx.Rollback(ctx) //nolint:errcheck
+
+			const others = 3
+			results := make(chan error, others)
+			for i := range others {
+				go func() {
+					res, err := acquireFor(store, fmt.Sprintf("key-%d", i), "other")
+					if err == nil && res.Status != backends.StatusAcquired {
+						err = fmt.Errorf("key-%d: status %v", i, res.Status)
+					}
+					results <- err
+				}()
+			}
+			if tc.queue {
+				require.Eventually(t, func() bool { return pgstore.Queued(store) == others }, 10*time.Second, time.Millisecond)
+			} else {
+				for range others {
+					require.NoError(t, <-results, "sent at once, while the held row's Acquire waits")
+				}
+				require.Zero(t, pgstore.Queued(store))
+			}
+			require.NoError(t, tx.Rollback(ctx))
+			require.NoError(t, <-first)
+			if tc.queue {
+				for range others {
+					require.NoError(t, <-results)
+				}
+			}
+			traced.mu.Lock()
+			defer traced.mu.Unlock()
+			if tc.queue {
+				require.Equal(t, []int{others}, traced.sizes, "the queued calls went as one batch")
+			} else {
+				require.Empty(t, traced.sizes, "no call queued, so none went in a batch")
+			}
+		})
+	}
 }

@@ -169,6 +169,8 @@ func TestNewValidates(t *testing.T) {
 	require.ErrorIs(t, err, backends.ErrInvalidOptions)
 	_, err = pgstore.New(pool, pgstore.Options{Wake: pgstore.WakePoll + 1})
 	require.ErrorIs(t, err, backends.ErrInvalidOptions, "an unknown Wake")
+	_, err = pgstore.New(pool, pgstore.Options{InFlight: -1})
+	require.ErrorIs(t, err, backends.ErrInvalidOptions, "a negative InFlight")
 	s, err := pgstore.New(pool, pgstore.Options{Schema: `we"ird`, Table: `ta ble`})
 	require.NoError(t, err, "identifiers are quoted, any name works")
 	require.Equal(t, `we"ird`, s.Options().Schema)

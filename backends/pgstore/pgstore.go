@@ -63,6 +63,17 @@ type Options struct {
 	// Wake says how duplicates waiting for a key learn that it changed.
 	// Defaults to WakeNotify.
 	Wake Wake
+	// InFlight is how many of the store's Acquire, Complete and Release
+	// round trips may be in flight at once, each a call sent alone or a
+	// batch: the calls that arrive while that many are out queue, and go
+	// as one batch, one transaction, when one comes back. 0, the default,
+	// is a quarter of the pool's MaxConns, at least 1; it stays 0 in
+	// [Store.Options], which then fit a store on another pool. Fewer in
+	// flight means bigger batches, which cost Postgres less per call but
+	// run one after the other on a connection: on a server whose CPUs the
+	// store keeps busy, about as many as it has CPUs cost it least
+	// (docs/postgres.md, "Calls sent together").
+	InFlight int
 }
 
 // Wake says how the duplicates that wait for a key another owner holds
@@ -105,7 +116,7 @@ const liveFunc = "idempotency_live"
 // error wrapping [backends.ErrNilClient] for a nil pool, and one wrapping
 // [backends.ErrInvalidOptions] for a schema or table name too long for
 // Postgres (63 bytes; 55 for the table, whose acquire function is named
-// after it with 8 more), or an unknown Wake.
+// after it with 8 more), an unknown Wake or a negative InFlight.
 func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("pgstore: %w", backends.ErrNilClient)
@@ -119,6 +130,9 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if opts.Wake != WakeNotify && opts.Wake != WakePoll {
 		return nil, fmt.Errorf("pgstore: %w: unknown Wake %d", backends.ErrInvalidOptions, int(opts.Wake))
 	}
+	if opts.InFlight < 0 {
+		return nil, fmt.Errorf("pgstore: %w: negative InFlight %d", backends.ErrInvalidOptions, opts.InFlight)
+	}
 	if len(opts.Schema) > 63 || len(opts.Table) > 63-len(acquireSuffix) {
 		return nil, fmt.Errorf("pgstore: %w: schema or table name too long for Postgres (63 bytes; the table's acquire function adds %d to the table's)", backends.ErrInvalidOptions, len(acquireSuffix))
 	}
@@ -131,7 +145,11 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if opts.Wake == WakeNotify {
 		s.listener = newListener(pool, data.Channel, sql.listen, sql.ping)
 	}
-	s.batcher = newBatcher(pool, max(1, s.poolSize/4))
+	inFlight := opts.InFlight
+	if inFlight == 0 {
+		inFlight = max(1, s.poolSize/4)
+	}
+	s.batcher = newBatcher(pool, inFlight)
 	return s, nil
 }
 
@@ -153,7 +171,8 @@ func (s *Store) MigrationSQL() string { return s.sql.schema + "\n\n" + s.sql.fun
 // Deprecated: use MigrationSQL.
 func (s *Store) Schema() string { return s.MigrationSQL() }
 
-// Options returns the store's options with defaults applied.
+// Options returns the store's options with defaults applied, but for an
+// InFlight of 0, which stays 0: its default depends on the pool.
 func (s *Store) Options() Options { return s.opts }
 
 // migrationLockID is the advisory lock Migrate holds while it runs, so that

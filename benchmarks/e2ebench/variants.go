@@ -163,7 +163,7 @@ func setupPgstore(cache idempotency.CompletedCache) func(context.Context, *env, 
 			return nil, nil, err
 		}
 		schema := sqlName(e.name(id))
-		store, err := pgstore.New(pool, pgstore.Options{Schema: schema})
+		store, err := pgstore.New(pool, pgstore.Options{Schema: schema, InFlight: e.cfg.pgInFlight})
 		if err != nil {
 			pool.Close()
 			return nil, nil, err
