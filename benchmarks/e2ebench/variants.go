@@ -173,16 +173,29 @@ func setupPgstore(cache idempotency.CompletedCache) func(context.Context, *env, 
 			_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
 			pool.Close()
 		}
-		if err := store.Migrate(ctx); err != nil {
-			undo()
-			return nil, nil, err
-		}
-		if err := warmPool(ctx, pool, e.poolSize()); err != nil {
-			undo()
-			return nil, nil, err
-		}
-		return e.middleware(store, obs, cache, undo)
+		return e.sqlMiddleware(ctx, store, func() error { return warmPool(ctx, pool, e.poolSize()) }, obs, cache, undo)
 	}
+}
+
+// sqlStore is a SQL store, whose table a run creates.
+type sqlStore interface {
+	backends.Store
+	Migrate(ctx context.Context) error
+}
+
+// sqlMiddleware migrates store and opens its connections (warm), as a
+// running service has them, then returns the middleware on it; undo drops
+// what the setup made, on failure too.
+func (e *env) sqlMiddleware(ctx context.Context, store sqlStore, warm func() error, obs idempotency.Observer, cache idempotency.CompletedCache, undo func()) (message.HandlerMiddleware, func(), error) {
+	if err := store.Migrate(ctx); err != nil {
+		undo()
+		return nil, nil, err
+	}
+	if err := warm(); err != nil {
+		undo()
+		return nil, nil, err
+	}
+	return e.middleware(store, obs, cache, undo)
 }
 
 // pgPool returns a pool of its own for variant, of poolSize connections.
@@ -236,15 +249,7 @@ func setupMysqlstore(cache idempotency.CompletedCache) func(context.Context, *en
 			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+table+"`")
 			db.Close()
 		}
-		if err := store.Migrate(ctx); err != nil {
-			undo()
-			return nil, nil, err
-		}
-		if err := warmDB(ctx, db, e.poolSize()); err != nil {
-			undo()
-			return nil, nil, err
-		}
-		return e.middleware(store, obs, cache, undo)
+		return e.sqlMiddleware(ctx, store, func() error { return warmDB(ctx, db, e.poolSize()) }, obs, cache, undo)
 	}
 }
 
