@@ -23,16 +23,23 @@ makes).
 The parameters are bound again in the update instead of VALUES(), which
 MySQL 8.0.20+ deprecates and whose replacement MariaDB lacks.
 
+Its INSERT ("acquire insert") also begins "acquire first" (statements.sql),
+which on MariaDB runs before it and leaves it the records it changes.
+
 These comments are kept out of the SQL sent: the server shows a
 statement's first 1,024 characters in INNODB_TRX. */ -}}
 
-{{define "acquire" -}}
-{{- $new := printf "how IN (%d, %d, %d)" .How.Fresh .How.Takeover .How.AfterRelease -}}
-{{- $unchanged := printf "how >= %d" .How.Unchanged -}}
+{{define "acquire insert" -}}
 INSERT INTO {{.Table}}
     (`key`, state, owner, origin, token, attempt, how, acquired_us, lease_expires_us, retention_us, forget_us, fingerprint)
 VALUES
     ({{arg "key"}}, {{.State.InProgress}}, {{arg "owner"}}, {{arg "origin"}}, 1, 1, {{.How.Fresh}}, {{.Now}}, {{.Now}} + {{arg "ttl"}}, {{arg "ret"}}, {{.Now}} + {{arg "ttl"}} + {{arg "ret"}}, {{arg "fp"}})
+{{- end}}
+
+{{define "acquire" -}}
+{{- $new := printf "how IN (%d, %d, %d)" .How.Fresh .How.Takeover .How.AfterRelease -}}
+{{- $unchanged := printf "how >= %d" .How.Unchanged -}}
+{{template "acquire insert" .}}
 ON DUPLICATE KEY UPDATE
     how              = CASE WHEN {{.Until}} <= {{.Now}} THEN {{.How.Fresh}}
                             WHEN state = {{.State.Released}} THEN {{.How.AfterRelease}}

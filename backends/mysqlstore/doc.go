@@ -11,10 +11,14 @@
 //
 // # Protocol
 //
-// Acquire is one INSERT ... ON DUPLICATE KEY UPDATE that decides, on the
+// Acquire is an INSERT ... ON DUPLICATE KEY UPDATE that decides, on the
 // locked row and with the server's clock, whether the caller takes the
-// lease; on MariaDB 10.5 and later its RETURNING clause answers in the same
-// statement, on MySQL (no RETURNING) the upsert and a read of the row run
+// lease. On MariaDB 10.5 and later a RETURNING clause answers in the same
+// statement, and an insert whose update changes nothing goes first: it
+// answers a new key, a completed one and another owner's live lease alone,
+// and the upsert runs only for a record it would change (a released or
+// expired lease, one past its retention, the owner's own, a fingerprint
+// to adopt). On MySQL (no RETURNING) the upsert and a read of the row run
 // in one transaction. Renew, Complete and Release are UPDATEs that match
 // only the lease's owner, fencing token and live record. The store's own
 // statements that deadlock (1213) or time out waiting for a lock (1205)

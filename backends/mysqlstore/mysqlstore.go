@@ -206,6 +206,7 @@ func (p *params) value(name string) (any, bool) {
 type statements struct {
 	schema                              statement
 	acquire, acquireReturning           statement
+	acquireFirst                        statement
 	acquireRead                         statement
 	renew, complete, release, stillHeld statement
 	inspect, list, count                statement
@@ -280,6 +281,7 @@ func renderStatements(data sqlData) (statements, error) {
 		schema:           get("schema.sql"),
 		acquire:          get("acquire"),
 		acquireReturning: get("acquire returning"),
+		acquireFirst:     get("acquire first"),
 		acquireRead:      get("acquire read"),
 		renew:            get("renew"),
 		complete:         get("complete"),
@@ -648,14 +650,24 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	p := params{key: []byte(req.Key), owner: []byte(req.Owner), ttl: us(req.LeaseTTL), ret: us(req.Retention), fp: fp, origin: origin}
 	var row acquired
 	err = retry(ctx, func() error {
-		if flavor == FlavorMariaDB {
-			st, err := s.stmt(ctx, s.sql.acquireReturning.sql)
-			if err != nil {
-				return err
-			}
-			return row.scan(st.QueryRowContext(ctx, s.sql.acquireReturning.args(&p)...))
+		if flavor != FlavorMariaDB {
+			return s.acquireInTx(ctx, &p, &row)
 		}
-		return s.acquireInTx(ctx, &p, &row)
+		first, err := s.stmt(ctx, s.sql.acquireFirst.sql)
+		if err != nil {
+			return err
+		}
+		if err := row.scanFirst(first.QueryRowContext(ctx, s.sql.acquireFirst.args(&p)...)); err != nil {
+			return err
+		}
+		if row.settled(req) {
+			return nil
+		}
+		st, err := s.stmt(ctx, s.sql.acquireReturning.sql)
+		if err != nil {
+			return err
+		}
+		return row.scan(st.QueryRowContext(ctx, s.sql.acquireReturning.args(&p)...))
 	})
 	if err != nil {
 		return backends.AcquireResult{}, opError("acquire", err)
@@ -682,7 +694,7 @@ func (s *Store) acquireInTx(ctx context.Context, p *params, row *acquired) error
 }
 
 // acquired is the row an Acquire left, as statements.sql's "acquired
-// columns" reads it.
+// columns" reads it; "acquire first" reads two columns more.
 type acquired struct {
 	state, how          int16
 	owner               []byte
@@ -691,10 +703,46 @@ type acquired struct {
 	leaseUs, nowUs      int64
 	completedUs         sql.NullInt64
 	fingerprint, output []byte
+
+	acquiredUs sql.NullInt64 // when the record's lease was acquired
+	live       bool          // whether the record still counts
 }
 
 func (a *acquired) scan(row *sql.Row) error {
 	return row.Scan(&a.state, &a.owner, &a.token, &a.attempt, &a.how, &a.leaseUs, &a.completedUs, &a.fingerprint, &a.output, &a.nowUs)
+}
+
+func (a *acquired) scanFirst(row *sql.Row) error {
+	return row.Scan(&a.state, &a.owner, &a.token, &a.attempt, &a.how, &a.leaseUs, &a.completedUs, &a.fingerprint, &a.output, &a.nowUs,
+		&a.acquiredUs, &a.live)
+}
+
+// settled reports whether the row "acquire first" returned answers req
+// as the upsert would have, so that the upsert need not run.
+//
+// A row of req's owner acquired at the statement's own time is the one
+// the statement inserted. (A lease the owner took in an earlier statement
+// started in the same microsecond would pass too, read as new rather than
+// reentrant: it has the same token and the same expiry the upsert would
+// give it.) Any other row of the owner's is its own lease again, which the
+// upsert renews. A row of another owner's is answered as it is while it
+// counts, is completed or a live lease, and has a fingerprint or req
+// brings none: one past its retention, released or expired, or with a
+// fingerprint to adopt, is the upsert's to change.
+func (a *acquired) settled(req backends.AcquireRequest) bool {
+	if string(a.owner) == req.Owner {
+		return a.state == stateInProgress && a.acquiredUs.Valid && a.acquiredUs.Int64 == a.nowUs
+	}
+	if !a.live || a.fingerprint == nil && req.Fingerprint != nil {
+		return false
+	}
+	switch a.state {
+	case stateCompleted:
+		return true
+	case stateInProgress:
+		return a.leaseUs > a.nowUs
+	}
+	return false
 }
 
 func (a *acquired) result(req backends.AcquireRequest) (backends.AcquireResult, error) {

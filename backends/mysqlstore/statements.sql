@@ -49,6 +49,22 @@ counting. */ -}}
 RETURNING {{template "acquired columns" .}}
 {{- end}}
 
+{{- /* Acquire's first statement on MariaDB 10.5+: the insert of a new
+record, whose update changes nothing, so that a record already there is
+left as it was, locked, and returned. The row then tells (acquired.settled
+in mysqlstore.go) whether it answers the Acquire as the upsert would: a
+record this statement inserted, a completed record or another owner's
+live lease, with a fingerprint if the call brings one. Any other row, one
+the upsert would change, sends the upsert. The two columns after those of
+the upsert are when the record's lease was acquired, which for the row
+this statement inserted is its own time, and whether the record still
+counts. */ -}}
+{{define "acquire first" -}}
+{{template "acquire insert" .}}
+ON DUPLICATE KEY UPDATE `key` = `key`
+RETURNING {{template "acquired columns" .}}, acquired_us, {{.Until}} > {{.Now}}
+{{- end}}
+
 {{- /* The row the upsert left, read in its transaction on MySQL. */ -}}
 {{define "acquire read" -}}
 SELECT {{template "acquired columns" .}} FROM {{.Table}} WHERE `key` = {{arg "key"}}

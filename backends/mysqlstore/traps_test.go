@@ -334,3 +334,85 @@ func TestCompleteWithinLeaseLeavesTheIndex(t *testing.T) {
 	require.Equal(t, bound, forget)
 	require.Greater(t, indexChanged(), lsn)
 }
+
+// On MariaDB, Acquire first sends the insert of a new record, whose update
+// changes nothing, and sends the upsert only for a record the upsert
+// would change: a new key, a completed one and another owner's live
+// lease take one statement; the owner's own lease again, a released or
+// expired lease, a record past its retention and a fingerprint to adopt
+// take two, and answer as the upsert does. Each call runs on a pool of
+// one connection whose clock stands at its own time, and the session's
+// Com_stmt_execute counts the prepared statements it ran.
+func TestAcquireSendsTheUpsertOnlyForAChange(t *testing.T) {
+	t.Parallel()
+	c := newClocks(t, mysqlstore.FlavorMariaDB)
+	// call runs one Acquire at d after t0 and returns its answer and how
+	// many statements it sent.
+	call := func(d time.Duration, key, owner, fp string) (backends.AcquireResult, int64) {
+		t.Helper()
+		at := c.t0.Add(d)
+		db := openDB(t, 1, map[string]string{"timestamp": fmt.Sprintf("%d.%06d", at.Unix(), at.Nanosecond()/1000)})
+		s, err := mysqlstore.New(db, c.opts)
+		require.NoError(t, err)
+		_, err = mysqlstore.DetectFlavor(ctx(t), s) // prepared and executed are two counters: count from here
+		require.NoError(t, err)
+		executed := func() int64 {
+			var name string
+			var n int64
+			require.NoError(t, db.QueryRowContext(ctx(t), "SHOW SESSION STATUS LIKE 'Com_stmt_execute'").Scan(&name, &n))
+			return n
+		}
+		before := executed()
+		req := backends.AcquireRequest{Key: key, Owner: owner, LeaseTTL: time.Minute, Retention: time.Hour}
+		if fp != "" {
+			req.Fingerprint = []byte(fp)
+		}
+		res, err := s.Acquire(ctx(t), req)
+		require.NoError(t, err)
+		return res, executed() - before
+	}
+	_, s := c.at(0)
+	expect := func(name string, res backends.AcquireResult, sent int64, status backends.Status, statements int64) {
+		t.Helper()
+		require.Equal(t, status, res.Status, name)
+		require.Equal(t, statements, sent, "%s: statements sent", name)
+	}
+
+	res, n := call(0, "done", "a", "fp")
+	expect("a new key", res, n, backends.StatusAcquired, 1)
+	require.Equal(t, backends.Lease{Key: "done", Owner: "a", Token: 1, Attempt: 1}, res.Lease)
+	require.False(t, res.Reentrant)
+	require.Equal(t, []byte("fp"), res.Fingerprint)
+	require.NoError(t, s.Complete(ctx(t), res.Lease, []byte("out")))
+	res, n = call(time.Second, "done", "b", "fp")
+	expect("a completed key", res, n, backends.StatusCompleted, 1)
+	require.Equal(t, []byte("out"), res.Output)
+
+	held, n := call(0, "held", "a", "")
+	expect("a new key without a fingerprint", held, n, backends.StatusAcquired, 1)
+	res, n = call(time.Second, "held", "b", "")
+	expect("another's live lease", res, n, backends.StatusInProgress, 1)
+	require.Equal(t, time.Minute-time.Second, res.Remaining)
+	res, n = call(2*time.Second, "held", "a", "")
+	expect("the owner's own lease again", res, n, backends.StatusAcquired, 2)
+	require.True(t, res.Reentrant)
+	require.Equal(t, held.Lease, res.Lease)
+	res, n = call(3*time.Second, "held", "b", "fp")
+	expect("a fingerprint to adopt", res, n, backends.StatusInProgress, 2)
+	require.Equal(t, []byte("fp"), res.Fingerprint)
+	res, n = call(3*time.Minute, "held", "b", "fp")
+	expect("an expired lease", res, n, backends.StatusAcquired, 2)
+	require.True(t, res.Lease.Takeover)
+	require.Equal(t, int64(2), res.Lease.Token)
+
+	res, n = call(0, "released", "a", "")
+	expect("a new key to release", res, n, backends.StatusAcquired, 1)
+	require.NoError(t, s.Release(ctx(t), res.Lease))
+	res, n = call(time.Second, "released", "b", "")
+	expect("a released lease", res, n, backends.StatusAcquired, 2)
+	require.Equal(t, int64(2), res.Lease.Token)
+
+	res, n = call(2*time.Hour, "done", "c", "")
+	expect("a record past its retention", res, n, backends.StatusAcquired, 2)
+	require.Equal(t, 1, res.Lease.Attempt)
+}

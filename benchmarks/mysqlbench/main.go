@@ -1,6 +1,6 @@
 // Command mysqlbench measures the MySQL store against its own two
-// statements, Acquire's upsert with RETURNING and Complete's update, as
-// the store sends them, run raw, prepared once and unprepared, through
+// statements for a fresh key, Acquire's insert with RETURNING and
+// Complete's update, as the store sends them, run raw, prepared once and unprepared, through
 // the same driver and pool
 // (database/sql, go-sql-driver/mysql), on the same server, at the same
 // concurrency, in one run; then, for a server on this machine, the server
