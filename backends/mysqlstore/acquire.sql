@@ -23,6 +23,8 @@ makes).
 The parameters are bound again in the update instead of VALUES(), which
 MySQL 8.0.20+ deprecates and whose replacement MariaDB lacks.
 
+A new record's completed_us is 0, not NULL (see schema.sql).
+
 Its INSERT ("acquire insert") also begins "acquire first" (statements.sql),
 which on MariaDB runs before it and leaves it the records it changes.
 
@@ -31,9 +33,9 @@ statement's first 1,024 characters in INNODB_TRX. */ -}}
 
 {{define "acquire insert" -}}
 INSERT INTO {{.Table}}
-    (`key`, state, owner, origin, token, attempt, how, acquired_us, lease_expires_us, retention_us, forget_us, fingerprint)
+    (`key`, state, owner, origin, token, attempt, how, acquired_us, lease_expires_us, retention_us, forget_us, completed_us, fingerprint)
 VALUES
-    ({{arg "key"}}, {{.State.InProgress}}, {{arg "owner"}}, {{arg "origin"}}, 1, 1, {{.How.Fresh}}, {{.Now}}, {{.Now}} + {{arg "ttl"}}, {{arg "ret"}}, {{.Now}} + {{arg "ttl"}} + {{arg "ret"}}, {{arg "fp"}})
+    ({{arg "key"}}, {{.State.InProgress}}, {{arg "owner"}}, {{arg "origin"}}, 1, 1, {{.How.Fresh}}, {{.Now}}, {{.Now}} + {{arg "ttl"}}, {{arg "ret"}}, {{.Now}} + {{arg "ttl"}} + {{arg "ret"}}, 0, {{arg "fp"}})
 {{- end}}
 
 {{define "acquire" -}}
@@ -51,7 +53,7 @@ ON DUPLICATE KEY UPDATE
     origin           = IF({{$new}}, {{arg "origin"}}, origin),
     acquired_us      = IF({{$new}}, {{.Now}}, acquired_us),
     fingerprint      = IF(how = {{.How.Fresh}}, {{arg "fp"}}, COALESCE(fingerprint, {{arg "fp"}})),
-    completed_us     = IF(how = {{.How.Fresh}}, NULL, completed_us),
+    completed_us     = IF(how = {{.How.Fresh}}, 0, completed_us),
     output           = IF(how = {{.How.Fresh}}, NULL, output),
     retention_us     = IF({{$unchanged}}, retention_us, {{arg "ret"}}),
     lease_expires_us = IF({{$unchanged}}, lease_expires_us, {{.Now}} + {{arg "ttl"}}),

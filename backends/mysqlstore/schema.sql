@@ -14,7 +14,7 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     acquired_us      BIGINT          NULL,               -- when the lease was acquired
     lease_expires_us BIGINT          NOT NULL,
     retention_us     BIGINT          NOT NULL,
-    completed_us     BIGINT          NULL,
+    completed_us     BIGINT          NULL,               -- 0 (NULL in older rows) until completed
     forget_us        BIGINT          NOT NULL,           -- absent from then on; completed, from completed_us + retention
     fingerprint      BLOB            NULL,
     output           LONGBLOB        NULL,

@@ -75,6 +75,10 @@ UPDATE {{.Table}} SET lease_expires_us = {{.Now}} + {{arg "ttl"}}, forget_us = {
 WHERE {{template "held" .}}
 {{- end}}
 
+{{- /* A record's completed_us is 0 until it completes (NULL in rows
+an earlier release wrote), so the time written over it keeps the record's size
+and InnoDB updates the record in place; filling a NULL would lengthen it,
+and InnoDB would write it anew in its page. */ -}}
 {{define "complete" -}}
 UPDATE {{.Table}} SET state = {{.State.Completed}}, completed_us = {{.Now}}, output = {{arg "output"}},
     forget_us = GREATEST(forget_us, {{.Now}} + retention_us)

@@ -416,3 +416,37 @@ func TestAcquireSendsTheUpsertOnlyForAChange(t *testing.T) {
 	expect("a record past its retention", res, n, backends.StatusAcquired, 2)
 	require.Equal(t, 1, res.Lease.Attempt)
 }
+
+// A record's completed_us is 0, not NULL, until it completes, on every
+// path that makes a lease new (the insert, and the upsert of a record
+// past its retention), so that a completion writes a BIGINT over a BIGINT
+// and InnoDB updates the record in place; a NULL filled in would lengthen
+// the record, and InnoDB would write it anew in its page.
+func TestANewRecordCompletesInPlace(t *testing.T) {
+	t.Parallel()
+	for _, flavor := range flavors {
+		t.Run(flavor.String(), func(t *testing.T) {
+			t.Parallel()
+			c := newClocks(t, flavor)
+			_, s := c.at(0)
+			_, db := c.open(0)
+			completed := func(key string) sql.NullInt64 {
+				t.Helper()
+				var v sql.NullInt64
+				require.NoError(t, db.QueryRowContext(ctx(t), "SELECT completed_us FROM `"+s.Options().Table+"` WHERE `key` = ?", []byte(key)).Scan(&v))
+				return v
+			}
+			zero := sql.NullInt64{Valid: true}
+			res := acquire(t, s, "k", "a", time.Minute)
+			require.Equal(t, zero, completed("k"), "a new record")
+			require.NoError(t, s.Complete(ctx(t), res.Lease, nil))
+			require.Equal(t, c.t0.UnixMicro(), completed("k").Int64, "a completed record")
+
+			_, later := c.at(2 * time.Hour)
+			res = acquire(t, later, "k", "b", time.Minute)
+			require.Equal(t, backends.StatusAcquired, res.Status)
+			require.Equal(t, zero, completed("k"), "a record past its retention, new again")
+			require.True(t, inspect(t, later, "k").CompletedAt.IsZero())
+		})
+	}
+}
