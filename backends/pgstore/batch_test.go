@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -137,22 +138,28 @@ func holdInFlight(t *testing.T, pool *pgxpool.Pool, store *pgstore.Store) (tx pg
 
 // Options.InFlight bounds the round trips out at once: with one, the
 // calls that arrive while one waits on a locked row queue, and go as one
-// batch when it comes back; by default a pool of 16 has four out, and the
-// same calls go at once, each alone.
+// batch when it comes back. By default a pool of 16 has four out in a
+// process of eight Ps, and the same calls go at once, each alone; in a
+// process of one P, one, and they queue. The store reads GOMAXPROCS when
+// it is made.
 func TestInFlight(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		inFlight int
+		procs    int
 		queue    bool
 	}{
-		{"one", 1, true},
-		{"default, a quarter of the pool", 0, false},
+		{"one", 1, 8, true},
+		{"default, a quarter of the pool", 0, 8, false},
+		{"default, at most GOMAXPROCS", 0, 1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			traced := &batches{}
 			pool := tracedPool(t, 16, traced)
+			procs := runtime.GOMAXPROCS(tc.procs)
 			store := newStore(t, pool, pgstore.Options{Wake: pgstore.WakePoll, InFlight: tc.inFlight})
+			runtime.GOMAXPROCS(procs)
 			tx, first := holdInFlight(t, pool, store)
 			defer tx.Rollback(ctx) //nolint:errcheck
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"time"
 
@@ -67,12 +68,13 @@ type Options struct {
 	// round trips may be in flight at once, each a call sent alone or a
 	// batch: the calls that arrive while that many are out queue, and go
 	// as one batch, one transaction, when one comes back. 0, the default,
-	// is a quarter of the pool's MaxConns, at least 1; it stays 0 in
-	// [Store.Options], which then fit a store on another pool. Fewer in
-	// flight means bigger batches, which cost Postgres less per call but
-	// run one after the other on a connection: on a server whose CPUs the
-	// store keeps busy, about as many as it has CPUs cost it least
-	// (docs/postgres.md, "Calls sent together").
+	// is a quarter of the pool's MaxConns, at most GOMAXPROCS, at least 1;
+	// it stays 0 in [Store.Options], which then fit a store on another
+	// pool or in another process. Fewer in flight means bigger batches,
+	// which cost Postgres and the process less per call but run one after
+	// the other on a connection: on a server whose CPUs the store keeps
+	// busy, about as many as it has CPUs cost it least (docs/postgres.md,
+	// "Calls sent together").
 	InFlight int
 }
 
@@ -147,11 +149,19 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	}
 	inFlight := opts.InFlight
 	if inFlight == 0 {
-		inFlight = max(1, s.poolSize/4)
+		inFlight = defaultInFlight(s.poolSize, runtime.GOMAXPROCS(0))
 	}
 	s.batcher = newBatcher(pool, inFlight)
 	return s, nil
 }
+
+// defaultInFlight is Options.InFlight's default for a pool of poolSize
+// connections in a process of procs Ps: a quarter of the pool, at most
+// procs, at least 1. Each round trip in flight costs the process its
+// own sends, reads and wakeups, and Postgres a transaction: past as many
+// as the process has CPUs, more of them only make the batches smaller,
+// and each call dearer for both.
+func defaultInFlight(poolSize, procs int) int { return max(1, min(poolSize/4, procs)) }
 
 // PoolSize implements [backends.PoolSizer]: the pool's MaxConns. The
 // middleware lets new acquisitions take at most half of it by default.

@@ -61,7 +61,7 @@ func main() {
 	flag.StringVar(&cfg.redisAddr, "redis", "127.0.0.1:6379", "Redis address: the stream's server, and redisstore's")
 	flag.StringVar(&cfg.pgURL, "pg", "", "Postgres URL, for pgstore")
 	flag.StringVar(&cfg.mysqlDSN, "mysql", "", "MariaDB or MySQL DSN (go-sql-driver), for mysqlstore")
-	flag.IntVar(&cfg.pgInFlight, "pg-inflight", 0, "pgstore's Options.InFlight: its round trips out at once (0: its default, a quarter of its pool)")
+	flag.IntVar(&cfg.pgInFlight, "pg-inflight", 0, "pgstore's Options.InFlight: its round trips out at once (0: its default, a quarter of its pool, at most GOMAXPROCS)")
 	flag.IntVar(&cfg.messages, "n", cfg.messages, "messages published per run, duplicates included")
 	flag.Float64Var(&cfg.duplicates, "dup", cfg.duplicates, "fraction of the messages that repeat an earlier message's UUID")
 	flag.IntVar(&cfg.spread, "spread", cfg.spread, "each duplicate is published after its original and before the original this many keys later")
