@@ -206,7 +206,7 @@ func (p *params) value(name string) (any, bool) {
 type statements struct {
 	schema                              statement
 	acquire, acquireReturning           statement
-	acquireFirst                        statement
+	acquireFirst, acquireInsert         statement
 	acquireRead                         statement
 	renew, complete, release, stillHeld statement
 	inspect, list, count                statement
@@ -282,6 +282,7 @@ func renderStatements(data sqlData) (statements, error) {
 		acquire:          get("acquire"),
 		acquireReturning: get("acquire returning"),
 		acquireFirst:     get("acquire first"),
+		acquireInsert:    get("acquire insert"),
 		acquireRead:      get("acquire read"),
 		renew:            get("renew"),
 		complete:         get("complete"),
@@ -568,8 +569,9 @@ func flavorOf(version string) Flavor {
 
 // MySQL error numbers the store acts on.
 const (
-	errLockWait = 1205
-	errDeadlock = 1213
+	errDuplicateKey = 1062
+	errLockWait     = 1205
+	errDeadlock     = 1213
 )
 
 // opError wraps a failed call's error, marking with [backends.ErrRejected]
@@ -651,7 +653,7 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	var row acquired
 	err = retry(ctx, func() error {
 		if flavor != FlavorMariaDB {
-			return s.acquireInTx(ctx, &p, &row)
+			return s.acquireMySQL(ctx, &p, &row)
 		}
 		first, err := s.stmt(ctx, s.sql.acquireFirst.sql)
 		if err != nil {
@@ -675,19 +677,49 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 	return row.result(req)
 }
 
+// acquireMySQL runs Acquire where there is no RETURNING: first the plain
+// insert of a new record, which answers a new key in one statement; when
+// the key has a record (a duplicate key, 1062), the upsert and a read of
+// the row it left, in one transaction.
+func (s *Store) acquireMySQL(ctx context.Context, p *params, row *acquired) error {
+	insert, err := s.stmt(ctx, s.sql.acquireInsert.sql)
+	if err != nil {
+		return err
+	}
+	_, err = insert.ExecContext(ctx, s.sql.acquireInsert.args(p)...)
+	var myErr *mysql.MySQLError
+	switch {
+	case err == nil:
+		fp, _ := p.fp.([]byte)
+		*row = acquired{state: stateInProgress, how: howFresh, owner: p.owner, token: 1, attempt: 1, fingerprint: fp}
+		return nil
+	case !errors.As(err, &myErr) || myErr.Number != errDuplicateKey:
+		return err
+	}
+	return s.acquireInTx(ctx, p, row)
+}
+
 // acquireInTx runs the upsert and reads the row it left in one
-// transaction: the upsert locked the row, so the read sees this call's
-// outcome.
+// transaction, each statement prepared once: the upsert locked the row,
+// so the read sees this call's outcome.
 func (s *Store) acquireInTx(ctx context.Context, p *params, row *acquired) error {
+	upsert, err := s.stmt(ctx, s.sql.acquire.sql)
+	if err != nil {
+		return err
+	}
+	read, err := s.stmt(ctx, s.sql.acquireRead.sql)
+	if err != nil {
+		return err
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-	if _, err := tx.ExecContext(ctx, s.sql.acquire.sql, s.sql.acquire.args(p)...); err != nil {
+	if _, err := tx.StmtContext(ctx, upsert).ExecContext(ctx, s.sql.acquire.args(p)...); err != nil {
 		return err
 	}
-	if err := row.scan(tx.QueryRowContext(ctx, s.sql.acquireRead.sql, s.sql.acquireRead.args(p)...)); err != nil {
+	if err := row.scan(tx.StmtContext(ctx, read).QueryRowContext(ctx, s.sql.acquireRead.args(p)...)); err != nil {
 		return err
 	}
 	return tx.Commit()

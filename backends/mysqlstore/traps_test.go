@@ -335,17 +335,29 @@ func TestCompleteWithinLeaseLeavesTheIndex(t *testing.T) {
 	require.Greater(t, indexChanged(), lsn)
 }
 
-// On MariaDB, Acquire first sends the insert of a new record, whose update
-// changes nothing, and sends the upsert only for a record the upsert
-// would change: a new key, a completed one and another owner's live
-// lease take one statement; the owner's own lease again, a released or
-// expired lease, a record past its retention and a fingerprint to adopt
-// take two, and answer as the upsert does. Each call runs on a pool of
-// one connection whose clock stands at its own time, and the session's
-// Com_stmt_execute counts the prepared statements it ran.
+// Acquire first sends the insert of a new record. On MariaDB its update
+// changes nothing and it returns the row, and the upsert follows only for
+// a record the upsert would change: a new key, a completed one and
+// another owner's live lease take one statement; the owner's own lease
+// again, a released or expired lease, a record past its retention and a
+// fingerprint to adopt take two, and answer as the upsert does. On MySQL
+// a new key takes the insert alone, and a key with a record the insert
+// (refused: a duplicate key), then the upsert and the read of its row in
+// a transaction. Each call runs on a pool of one connection whose clock
+// stands at its own time, and the session's Com_stmt_execute counts the
+// prepared statements it ran.
 func TestAcquireSendsTheUpsertOnlyForAChange(t *testing.T) {
 	t.Parallel()
-	c := newClocks(t, mysqlstore.FlavorMariaDB)
+	for _, flavor := range flavors {
+		t.Run(flavor.String(), func(t *testing.T) {
+			t.Parallel()
+			testAcquireStatements(t, flavor)
+		})
+	}
+}
+
+func testAcquireStatements(t *testing.T, flavor mysqlstore.Flavor) {
+	c := newClocks(t, flavor)
 	// call runs one Acquire at d after t0 and returns its answer and how
 	// many statements it sent.
 	call := func(d time.Duration, key, owner, fp string) (backends.AcquireResult, int64) {
@@ -372,48 +384,56 @@ func TestAcquireSendsTheUpsertOnlyForAChange(t *testing.T) {
 		return res, executed() - before
 	}
 	_, s := c.at(0)
-	expect := func(name string, res backends.AcquireResult, sent int64, status backends.Status, statements int64) {
+	// expect checks a call's answer, and that it sent one statement if
+	// answered, else two, on MariaDB; one for a new key, else three, on
+	// MySQL.
+	expect := func(name string, res backends.AcquireResult, sent int64, status backends.Status, answered, newKey bool) {
 		t.Helper()
 		require.Equal(t, status, res.Status, name)
-		require.Equal(t, statements, sent, "%s: statements sent", name)
+		want := map[bool]int64{true: 1, false: 2}[answered]
+		if flavor == mysqlstore.FlavorMySQL {
+			want = map[bool]int64{true: 1, false: 3}[newKey]
+		}
+		require.Equal(t, want, sent, "%s: statements sent", name)
 	}
 
 	res, n := call(0, "done", "a", "fp")
-	expect("a new key", res, n, backends.StatusAcquired, 1)
+	expect("a new key", res, n, backends.StatusAcquired, true, true)
 	require.Equal(t, backends.Lease{Key: "done", Owner: "a", Token: 1, Attempt: 1}, res.Lease)
 	require.False(t, res.Reentrant)
 	require.Equal(t, []byte("fp"), res.Fingerprint)
 	require.NoError(t, s.Complete(ctx(t), res.Lease, []byte("out")))
 	res, n = call(time.Second, "done", "b", "fp")
-	expect("a completed key", res, n, backends.StatusCompleted, 1)
+	expect("a completed key", res, n, backends.StatusCompleted, true, false)
 	require.Equal(t, []byte("out"), res.Output)
 
 	held, n := call(0, "held", "a", "")
-	expect("a new key without a fingerprint", held, n, backends.StatusAcquired, 1)
+	expect("a new key without a fingerprint", held, n, backends.StatusAcquired, true, true)
+	require.Nil(t, held.Fingerprint)
 	res, n = call(time.Second, "held", "b", "")
-	expect("another's live lease", res, n, backends.StatusInProgress, 1)
+	expect("another's live lease", res, n, backends.StatusInProgress, true, false)
 	require.Equal(t, time.Minute-time.Second, res.Remaining)
 	res, n = call(2*time.Second, "held", "a", "")
-	expect("the owner's own lease again", res, n, backends.StatusAcquired, 2)
+	expect("the owner's own lease again", res, n, backends.StatusAcquired, false, false)
 	require.True(t, res.Reentrant)
 	require.Equal(t, held.Lease, res.Lease)
 	res, n = call(3*time.Second, "held", "b", "fp")
-	expect("a fingerprint to adopt", res, n, backends.StatusInProgress, 2)
+	expect("a fingerprint to adopt", res, n, backends.StatusInProgress, false, false)
 	require.Equal(t, []byte("fp"), res.Fingerprint)
 	res, n = call(3*time.Minute, "held", "b", "fp")
-	expect("an expired lease", res, n, backends.StatusAcquired, 2)
+	expect("an expired lease", res, n, backends.StatusAcquired, false, false)
 	require.True(t, res.Lease.Takeover)
 	require.Equal(t, int64(2), res.Lease.Token)
 
 	res, n = call(0, "released", "a", "")
-	expect("a new key to release", res, n, backends.StatusAcquired, 1)
+	expect("a new key to release", res, n, backends.StatusAcquired, true, true)
 	require.NoError(t, s.Release(ctx(t), res.Lease))
 	res, n = call(time.Second, "released", "b", "")
-	expect("a released lease", res, n, backends.StatusAcquired, 2)
+	expect("a released lease", res, n, backends.StatusAcquired, false, false)
 	require.Equal(t, int64(2), res.Lease.Token)
 
 	res, n = call(2*time.Hour, "done", "c", "")
-	expect("a record past its retention", res, n, backends.StatusAcquired, 2)
+	expect("a record past its retention", res, n, backends.StatusAcquired, false, false)
 	require.Equal(t, 1, res.Lease.Attempt)
 }
 
