@@ -23,7 +23,8 @@ makes).
 The parameters are bound again in the update instead of VALUES(), which
 MySQL 8.0.20+ deprecates and whose replacement MariaDB lacks.
 
-A new record's completed_us is 0, not NULL (see schema.sql).
+A new record's completed_us is 0, not NULL (see "complete" in
+statements.sql).
 
 Its INSERT ("acquire insert") also begins "acquire first" (statements.sql),
 which on MariaDB runs before it and leaves it the records it changes.

@@ -20,8 +20,9 @@
 // expired lease, one past its retention, the owner's own, a fingerprint
 // to adopt). On MySQL (no RETURNING) a plain insert goes first, which
 // answers a new key alone; for a key with a record the upsert and a read
-// of the row run in one transaction. Renew, Complete and Release are UPDATEs that match
-// only the lease's owner, fencing token and live record. The store's own
+// of the row run in one transaction. Renew, Complete and Release are
+// UPDATEs that match only the lease's owner, fencing token and live
+// record. The store's own
 // statements that deadlock (1213) or time out waiting for a lock (1205)
 // are run again, a few times. Inside the caller's transaction
 // ([Store.CompleteTx]) they are not: a deadlock rolled back the whole

@@ -57,6 +57,17 @@ func inspect(t *testing.T, s *mysqlstore.Store, key string) backends.Record {
 
 var flavors = []mysqlstore.Flavor{mysqlstore.FlavorMariaDB, mysqlstore.FlavorMySQL}
 
+// eachFlavor runs test for each flavor, as parallel subtests of t.
+func eachFlavor(t *testing.T, test func(t *testing.T, flavor mysqlstore.Flavor)) {
+	t.Parallel()
+	for _, flavor := range flavors {
+		t.Run(flavor.String(), func(t *testing.T) {
+			t.Parallel()
+			test(t, flavor)
+		})
+	}
+}
+
 // Trap: the assignments of ON DUPLICATE KEY UPDATE run left to right, and
 // each sees the new values of those before it. Acquire decides (`how`)
 // first, from the old row, and every later assignment reads only `how`
@@ -65,72 +76,68 @@ var flavors = []mysqlstore.Flavor{mysqlstore.FlavorMariaDB, mysqlstore.FlavorMyS
 // would pass for a re-entry, a completed record would be reopened, a
 // counter would move twice or not at all.
 func TestAcquireAssignmentsReadTheOldRow(t *testing.T) {
-	t.Parallel()
-	for _, flavor := range flavors {
-		t.Run(flavor.String(), func(t *testing.T) {
-			t.Parallel()
-			c := newClocks(t, flavor)
-			t0, early := c.at(0)
-			late, after := c.at(10 * time.Minute) // past a minute's lease, within an hour's retention
-			_, forgotten := c.at(3 * time.Hour)   // past the retention too
+	eachFlavor(t, func(t *testing.T, flavor mysqlstore.Flavor) {
+		c := newClocks(t, flavor)
+		t0, early := c.at(0)
+		late, after := c.at(10 * time.Minute) // past a minute's lease, within an hour's retention
+		_, forgotten := c.at(3 * time.Hour)   // past the retention too
 
-			// A takeover of an expired lease by another owner.
-			first := acquireFP(t, early, "taken", "a", "fp-a")
-			require.Equal(t, backends.Lease{Key: "taken", Owner: "a", Token: 1, Attempt: 1}, first.Lease)
-			res := acquireFP(t, after, "taken", "b", "fp-b")
-			require.Equal(t, backends.StatusAcquired, res.Status)
-			require.Equal(t, backends.Lease{Key: "taken", Owner: "b", Token: 2, Attempt: 2, Takeover: true}, res.Lease)
-			require.Equal(t, []byte("fp-a"), res.Fingerprint, "the first fingerprint stays")
-			rec := inspect(t, after, "taken")
-			require.Equal(t, backends.StateInProgress, rec.State)
-			require.Equal(t, "b", rec.Owner)
-			require.EqualValues(t, 2, rec.Token)
-			require.Equal(t, 2, rec.Attempt)
-			require.Equal(t, late.Add(time.Minute).UnixMicro(), rec.LeaseExpiresAt.UnixMicro())
-			require.Equal(t, late.Add(time.Minute+time.Hour).UnixMicro(), rec.ExpiresAt.UnixMicro())
-			require.Equal(t, []byte("fp-a"), rec.Fingerprint)
-			// The old owner, by a clock still within the new lease, is
-			// refused and changes nothing.
-			res = acquireFP(t, early, "taken", "a", "fp-a")
-			require.Equal(t, backends.StatusInProgress, res.Status)
-			require.Equal(t, late.Add(time.Minute).Sub(t0), res.Remaining)
-			require.Equal(t, rec, inspect(t, after, "taken"))
+		// A takeover of an expired lease by another owner.
+		first := acquireFP(t, early, "taken", "a", "fp-a")
+		require.Equal(t, backends.Lease{Key: "taken", Owner: "a", Token: 1, Attempt: 1}, first.Lease)
+		res := acquireFP(t, after, "taken", "b", "fp-b")
+		require.Equal(t, backends.StatusAcquired, res.Status)
+		require.Equal(t, backends.Lease{Key: "taken", Owner: "b", Token: 2, Attempt: 2, Takeover: true}, res.Lease)
+		require.Equal(t, []byte("fp-a"), res.Fingerprint, "the first fingerprint stays")
+		rec := inspect(t, after, "taken")
+		require.Equal(t, backends.StateInProgress, rec.State)
+		require.Equal(t, "b", rec.Owner)
+		require.EqualValues(t, 2, rec.Token)
+		require.Equal(t, 2, rec.Attempt)
+		require.Equal(t, late.Add(time.Minute).UnixMicro(), rec.LeaseExpiresAt.UnixMicro())
+		require.Equal(t, late.Add(time.Minute+time.Hour).UnixMicro(), rec.ExpiresAt.UnixMicro())
+		require.Equal(t, []byte("fp-a"), rec.Fingerprint)
+		// The old owner, by a clock still within the new lease, is
+		// refused and changes nothing.
+		res = acquireFP(t, early, "taken", "a", "fp-a")
+		require.Equal(t, backends.StatusInProgress, res.Status)
+		require.Equal(t, late.Add(time.Minute).Sub(t0), res.Remaining)
+		require.Equal(t, rec, inspect(t, after, "taken"))
 
-			// A completed record, asked for by its owner and by another
-			// after the lease would have expired: answered, not changed.
-			l := acquireFP(t, early, "done", "a", "fp-a").Lease
-			require.NoError(t, early.Complete(ctx(t), l, []byte("out")))
-			rec = inspect(t, after, "done")
-			require.Equal(t, backends.StateCompleted, rec.State)
-			for _, owner := range []string{"a", "b"} {
-				res := acquireFP(t, after, "done", owner, "fp-"+owner)
-				require.Equal(t, backends.StatusCompleted, res.Status, owner)
-				require.Equal(t, []byte("out"), res.Output, owner)
-				require.Equal(t, t0.UnixMicro(), res.CompletedAt.UnixMicro(), owner)
-				require.Equal(t, rec, inspect(t, after, "done"), owner)
-			}
+		// A completed record, asked for by its owner and by another
+		// after the lease would have expired: answered, not changed.
+		l := acquireFP(t, early, "done", "a", "fp-a").Lease
+		require.NoError(t, early.Complete(ctx(t), l, []byte("out")))
+		rec = inspect(t, after, "done")
+		require.Equal(t, backends.StateCompleted, rec.State)
+		for _, owner := range []string{"a", "b"} {
+			res := acquireFP(t, after, "done", owner, "fp-"+owner)
+			require.Equal(t, backends.StatusCompleted, res.Status, owner)
+			require.Equal(t, []byte("out"), res.Output, owner)
+			require.Equal(t, t0.UnixMicro(), res.CompletedAt.UnixMicro(), owner)
+			require.Equal(t, rec, inspect(t, after, "done"), owner)
+		}
 
-			// After a release: a new lease, neither a takeover nor a
-			// re-entry, with the counters moved once.
-			l = acquireFP(t, early, "released", "a", "fp-a").Lease
-			require.NoError(t, early.Release(ctx(t), l))
-			res = acquireFP(t, after, "released", "b", "fp-b")
-			require.Equal(t, backends.Lease{Key: "released", Owner: "b", Token: 2, Attempt: 2}, res.Lease)
-			require.Equal(t, "b", inspect(t, after, "released").Owner)
+		// After a release: a new lease, neither a takeover nor a
+		// re-entry, with the counters moved once.
+		l = acquireFP(t, early, "released", "a", "fp-a").Lease
+		require.NoError(t, early.Release(ctx(t), l))
+		res = acquireFP(t, after, "released", "b", "fp-b")
+		require.Equal(t, backends.Lease{Key: "released", Owner: "b", Token: 2, Attempt: 2}, res.Lease)
+		require.Equal(t, "b", inspect(t, after, "released").Owner)
 
-			// Past its retention a record counts as absent: a fresh start,
-			// the fencing token still above the old one.
-			l = acquireFP(t, early, "forgotten", "a", "fp-a").Lease
-			require.NoError(t, early.Complete(ctx(t), l, []byte("out")))
-			res = acquireFP(t, forgotten, "forgotten", "b", "fp-b")
-			require.Equal(t, backends.Lease{Key: "forgotten", Owner: "b", Token: 2, Attempt: 1}, res.Lease)
-			require.Equal(t, []byte("fp-b"), res.Fingerprint)
-			rec = inspect(t, forgotten, "forgotten")
-			require.Equal(t, backends.StateInProgress, rec.State)
-			require.Nil(t, rec.Output)
-			require.True(t, rec.CompletedAt.IsZero())
-		})
-	}
+		// Past its retention a record counts as absent: a fresh start,
+		// the fencing token still above the old one.
+		l = acquireFP(t, early, "forgotten", "a", "fp-a").Lease
+		require.NoError(t, early.Complete(ctx(t), l, []byte("out")))
+		res = acquireFP(t, forgotten, "forgotten", "b", "fp-b")
+		require.Equal(t, backends.Lease{Key: "forgotten", Owner: "b", Token: 2, Attempt: 1}, res.Lease)
+		require.Equal(t, []byte("fp-b"), res.Fingerprint)
+		rec = inspect(t, forgotten, "forgotten")
+		require.Equal(t, backends.StateInProgress, rec.State)
+		require.Nil(t, rec.Output)
+		require.True(t, rec.CompletedAt.IsZero())
+	})
 }
 
 // Trap: a server's affected-row count for INSERT ... ON DUPLICATE KEY
@@ -241,42 +248,38 @@ func TestUnchangedUpdateStillHoldsTheLease(t *testing.T) {
 // waits for no log flush; only a fingerprint to adopt is a write. The
 // server's Handler_update counts the rows its session updated.
 func TestDuplicateAcquireWritesNothing(t *testing.T) {
-	t.Parallel()
-	for _, flavor := range flavors {
-		t.Run(flavor.String(), func(t *testing.T) {
-			t.Parallel()
-			db := openDB(t, 1, nil) // one connection: the session whose count is read
-			s := newStore(t, db, mysqlstore.Options{Flavor: flavor})
-			ctx := context.Background()
-			done := acquire(t, s, "done", "holder", time.Minute).Lease
-			require.NoError(t, s.Complete(ctx, done, []byte("out")))
-			acquire(t, s, "held", "holder", time.Minute)
-			updates := func() int64 {
-				var name string
-				var n int64
-				require.NoError(t, db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Handler_update'").Scan(&name, &n))
-				return n
-			}
-			before := updates()
-			for i := range 3 {
-				owner := fmt.Sprintf("dup-%d", i)
-				res := acquire(t, s, "done", owner, time.Minute)
-				require.Equal(t, backends.StatusCompleted, res.Status)
-				require.Equal(t, []byte("out"), res.Output)
-				res = acquire(t, s, "held", owner, time.Minute)
-				require.Equal(t, backends.StatusInProgress, res.Status)
-			}
-			require.Equal(t, before, updates(), "a duplicate updated a row")
-
-			// What a duplicate cannot only read still writes: a
-			// fingerprint for a record without one is adopted.
-			res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "held", Owner: "dup", LeaseTTL: time.Minute, Retention: time.Hour, Fingerprint: []byte("fp")})
-			require.NoError(t, err)
+	eachFlavor(t, func(t *testing.T, flavor mysqlstore.Flavor) {
+		db := openDB(t, 1, nil) // one connection: the session whose count is read
+		s := newStore(t, db, mysqlstore.Options{Flavor: flavor})
+		ctx := context.Background()
+		done := acquire(t, s, "done", "holder", time.Minute).Lease
+		require.NoError(t, s.Complete(ctx, done, []byte("out")))
+		acquire(t, s, "held", "holder", time.Minute)
+		updates := func() int64 {
+			var name string
+			var n int64
+			require.NoError(t, db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Handler_update'").Scan(&name, &n))
+			return n
+		}
+		before := updates()
+		for i := range 3 {
+			owner := fmt.Sprintf("dup-%d", i)
+			res := acquire(t, s, "done", owner, time.Minute)
+			require.Equal(t, backends.StatusCompleted, res.Status)
+			require.Equal(t, []byte("out"), res.Output)
+			res = acquire(t, s, "held", owner, time.Minute)
 			require.Equal(t, backends.StatusInProgress, res.Status)
-			require.Equal(t, []byte("fp"), res.Fingerprint)
-			require.Greater(t, updates(), before, "the fingerprint was adopted")
-		})
-	}
+		}
+		require.Equal(t, before, updates(), "a duplicate updated a row")
+
+		// What a duplicate cannot only read still writes: a
+		// fingerprint for a record without one is adopted.
+		res, err := s.Acquire(ctx, backends.AcquireRequest{Key: "held", Owner: "dup", LeaseTTL: time.Minute, Retention: time.Hour, Fingerprint: []byte("fp")})
+		require.NoError(t, err)
+		require.Equal(t, backends.StatusInProgress, res.Status)
+		require.Equal(t, []byte("fp"), res.Fingerprint)
+		require.Greater(t, updates(), before, "the fingerprint was adopted")
+	})
 }
 
 // A completion within its lease changes no indexed column: forget_us
@@ -347,13 +350,7 @@ func TestCompleteWithinLeaseLeavesTheIndex(t *testing.T) {
 // stands at its own time, and the session's Com_stmt_execute counts the
 // prepared statements it ran.
 func TestAcquireSendsTheUpsertOnlyForAChange(t *testing.T) {
-	t.Parallel()
-	for _, flavor := range flavors {
-		t.Run(flavor.String(), func(t *testing.T) {
-			t.Parallel()
-			testAcquireStatements(t, flavor)
-		})
-	}
+	eachFlavor(t, testAcquireStatements)
 }
 
 func testAcquireStatements(t *testing.T, flavor mysqlstore.Flavor) {
@@ -443,30 +440,26 @@ func testAcquireStatements(t *testing.T, flavor mysqlstore.Flavor) {
 // and InnoDB updates the record in place; a NULL filled in would lengthen
 // the record, and InnoDB would write it anew in its page.
 func TestANewRecordCompletesInPlace(t *testing.T) {
-	t.Parallel()
-	for _, flavor := range flavors {
-		t.Run(flavor.String(), func(t *testing.T) {
-			t.Parallel()
-			c := newClocks(t, flavor)
-			_, s := c.at(0)
-			_, db := c.open(0)
-			completed := func(key string) sql.NullInt64 {
-				t.Helper()
-				var v sql.NullInt64
-				require.NoError(t, db.QueryRowContext(ctx(t), "SELECT completed_us FROM `"+s.Options().Table+"` WHERE `key` = ?", []byte(key)).Scan(&v))
-				return v
-			}
-			zero := sql.NullInt64{Valid: true}
-			res := acquire(t, s, "k", "a", time.Minute)
-			require.Equal(t, zero, completed("k"), "a new record")
-			require.NoError(t, s.Complete(ctx(t), res.Lease, nil))
-			require.Equal(t, c.t0.UnixMicro(), completed("k").Int64, "a completed record")
+	eachFlavor(t, func(t *testing.T, flavor mysqlstore.Flavor) {
+		c := newClocks(t, flavor)
+		_, s := c.at(0)
+		_, db := c.open(0)
+		completed := func(key string) sql.NullInt64 {
+			t.Helper()
+			var v sql.NullInt64
+			require.NoError(t, db.QueryRowContext(ctx(t), "SELECT completed_us FROM `"+s.Options().Table+"` WHERE `key` = ?", []byte(key)).Scan(&v))
+			return v
+		}
+		zero := sql.NullInt64{Valid: true}
+		res := acquire(t, s, "k", "a", time.Minute)
+		require.Equal(t, zero, completed("k"), "a new record")
+		require.NoError(t, s.Complete(ctx(t), res.Lease, nil))
+		require.Equal(t, c.t0.UnixMicro(), completed("k").Int64, "a completed record")
 
-			_, later := c.at(2 * time.Hour)
-			res = acquire(t, later, "k", "b", time.Minute)
-			require.Equal(t, backends.StatusAcquired, res.Status)
-			require.Equal(t, zero, completed("k"), "a record past its retention, new again")
-			require.True(t, inspect(t, later, "k").CompletedAt.IsZero())
-		})
-	}
+		_, later := c.at(2 * time.Hour)
+		res = acquire(t, later, "k", "b", time.Minute)
+		require.Equal(t, backends.StatusAcquired, res.Status)
+		require.Equal(t, zero, completed("k"), "a record past its retention, new again")
+		require.True(t, inspect(t, later, "k").CompletedAt.IsZero())
+	})
 }

@@ -32,9 +32,9 @@
 //
 // Acquire, Complete and Release calls that arrive while as many batches
 // as [Options.InFlight] says (by default a quarter of the pool's
-// connections, at most GOMAXPROCS) are in flight queue, and are sent together when one comes
-// back: one round trip and one transaction for all of them, their rows
-// locked in key order. A call that does not have to queue is sent at
+// connections, at most GOMAXPROCS) are in flight queue, and are sent
+// together when one comes back: one round trip and one transaction for
+// all of them, their rows locked in key order. A call that does not have to queue is sent at
 // once, alone. If Postgres refuses a statement of a batch, each of its
 // calls is sent again alone.
 //
