@@ -36,7 +36,14 @@ statement's first 1,024 characters in INNODB_TRX. */ -}}
 INSERT INTO {{.Table}}
     (`key`, state, owner, origin, token, attempt, how, acquired_us, lease_expires_us, retention_us, forget_us, completed_us, fingerprint)
 VALUES
-    ({{arg "key"}}, {{.State.InProgress}}, {{arg "owner"}}, {{arg "origin"}}, 1, 1, {{.How.Fresh}}, {{.Now}}, {{.Now}} + {{arg "ttl"}}, {{arg "ret"}}, {{.Now}} + {{arg "ttl"}} + {{arg "ret"}}, 0, {{arg "fp"}})
+    {{template "acquire row" .}}
+{{- end}}
+
+{{- /* The values of a new record, in the columns of "acquire insert". A
+batch of Acquire calls on MariaDB sends "acquire first" with one such row
+per call. */ -}}
+{{define "acquire row" -}}
+({{arg "key"}}, {{.State.InProgress}}, {{arg "owner"}}, {{arg "origin"}}, 1, 1, {{.How.Fresh}}, {{.Now}}, {{.Now}} + {{arg "ttl"}}, {{arg "ret"}}, {{.Now}} + {{arg "ttl"}} + {{arg "ret"}}, 0, {{arg "fp"}})
 {{- end}}
 
 {{define "acquire" -}}

@@ -18,7 +18,10 @@
 // answers a new key, a completed one and another owner's live lease alone,
 // and the upsert runs only for a record it would change (a released or
 // expired lease, one past its retention, the owner's own, a fingerprint
-// to adopt). On MySQL (no RETURNING) a plain insert goes first, which
+// to adopt). Calls that arrive while Options.InFlight such inserts are
+// out queue, and go as one statement, one row of values each, when one
+// comes back: MariaDB's cost is mostly per statement, not per row. On
+// MySQL (no RETURNING) a plain insert goes first, which
 // answers a new key alone; for a key with a record the upsert and a read
 // of the row run in one transaction. Renew, Complete and Release are
 // UPDATEs that match only the lease's owner, fencing token and live

@@ -28,3 +28,17 @@ func KeyStatements(s *Store) map[string]string {
 		"release":  s.sql.release.sql,
 	}
 }
+
+// QueuedAcquires returns how many Acquire calls wait in the store's
+// batcher for a statement to come back.
+func QueuedAcquires(s *Store) int { return s.acquires.Queued() }
+
+// DefaultInFlight is Options.InFlight's default for a db whose limit on
+// open connections is maxOpen in a process of procs Ps.
+func DefaultInFlight(maxOpen, procs int) int { return defaultInFlight(maxOpen, procs) }
+
+// FirstStatements returns the store's "acquire first" statement and its
+// form for n calls together.
+func FirstStatements(s *Store, n int) (one, together string) {
+	return s.sql.acquireFirst.sql, s.sql.firstBatch.sql[n]
+}

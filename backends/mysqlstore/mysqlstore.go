@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"text/template"
@@ -71,6 +72,18 @@ type Options struct {
 	Table string
 	// Flavor is the server's dialect. Defaults to FlavorDetect.
 	Flavor Flavor
+	// InFlight is, on MariaDB, how many of the store's Acquire statements
+	// may be in flight at once, each for a call alone or for a batch: the
+	// calls that arrive while that many are out queue, and go as one
+	// statement, one row of values each, when one comes back. 0, the
+	// default, is a quarter of the db's open-connection limit when New is
+	// called (sql.DB.SetMaxOpenConns), at most GOMAXPROCS, at least 1; or
+	// GOMAXPROCS if the db sets no limit. It stays 0 in [Store.Options].
+	// MariaDB spends most of a statement's cost on the statement itself,
+	// not its rows, so a batch costs it a fraction per call (docs/mysql.md,
+	// "Calls sent together"). MySQL, without RETURNING, runs each call
+	// alone.
+	InFlight int
 }
 
 // Store is a [backends.Store] on MySQL or MariaDB (InnoDB). Create it
@@ -85,6 +98,8 @@ type Store struct {
 	flavor Flavor // detected, or opts.Flavor
 
 	prepared sync.Map // SQL → *sql.Stmt: the calls' statements, prepared once
+
+	acquires *storekit.Batcher[*acquireCall] // Acquire's first statement, on MariaDB
 }
 
 // The state column's codes. They are stored in the table, and rows that
@@ -207,6 +222,8 @@ type statements struct {
 	schema                              statement
 	acquire, acquireReturning           statement
 	acquireFirst, acquireInsert         statement
+	acquireRow                          statement
+	firstBatch                          firstBatch
 	acquireRead                         statement
 	renew, complete, release, stillHeld statement
 	inspect, list, count                statement
@@ -283,6 +300,7 @@ func renderStatements(data sqlData) (statements, error) {
 		acquireReturning: get("acquire returning"),
 		acquireFirst:     get("acquire first"),
 		acquireInsert:    get("acquire insert"),
+		acquireRow:       get("acquire row"),
 		acquireRead:      get("acquire read"),
 		renew:            get("renew"),
 		complete:         get("complete"),
@@ -301,6 +319,9 @@ func renderStatements(data sqlData) (statements, error) {
 		shortLockWait:    get("short lock wait"),
 		defaultLockWait:  get("default lock wait"),
 		version:          get("version"),
+	}
+	if first == nil {
+		st.firstBatch, first = newFirstBatch(st.acquireFirst, st.acquireRow)
 	}
 	return st, first
 }
@@ -324,6 +345,9 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 	if opts.Flavor < FlavorDetect || opts.Flavor > FlavorMySQL {
 		return nil, fmt.Errorf("mysqlstore: %w: unknown flavor %d", backends.ErrInvalidOptions, int(opts.Flavor))
 	}
+	if opts.InFlight < 0 {
+		return nil, fmt.Errorf("mysqlstore: %w: negative InFlight %d", backends.ErrInvalidOptions, opts.InFlight)
+	}
 	parts := strings.Split(opts.Table, ".")
 	quoted := make([]string, len(parts))
 	for i, p := range parts {
@@ -342,7 +366,26 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 		// The embedded templates, with any table name: cannot fail.
 		return nil, fmt.Errorf("mysqlstore: render statements: %w", err)
 	}
-	return &Store{db: db, opts: opts, data: data, sql: st, flavor: opts.Flavor}, nil
+	s := &Store{db: db, opts: opts, data: data, sql: st, flavor: opts.Flavor}
+	inFlight := opts.InFlight
+	if inFlight == 0 {
+		inFlight = defaultInFlight(db.Stats().MaxOpenConnections, runtime.GOMAXPROCS(0))
+	}
+	s.acquires = storekit.NewBatcher(inFlight, maxBatch, s.sendFirst)
+	return s, nil
+}
+
+// defaultInFlight is Options.InFlight's default for a db whose limit on
+// open connections is maxOpen (0 for none) in a process of procs Ps: a
+// quarter of the limit, at most procs, at least 1. Each statement in
+// flight costs the process its send, read and wakeups, and MariaDB a
+// statement and a commit: past as many as the process has CPUs, more of
+// them only make the batches smaller.
+func defaultInFlight(maxOpen, procs int) int {
+	if maxOpen == 0 {
+		return max(1, procs)
+	}
+	return max(1, min(maxOpen/4, procs))
 }
 
 // PoolSize implements [backends.PoolSizer]: the db's limit on open
@@ -353,7 +396,8 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 // acquisitions take at most half of it by default.
 func (s *Store) PoolSize() int { return s.db.Stats().MaxOpenConnections }
 
-// Options returns the store's options with defaults applied.
+// Options returns the store's options with defaults applied, but for an
+// InFlight of 0, which stays 0: its default depends on the db.
 func (s *Store) Options() Options { return s.opts }
 
 // MigrationSQL returns the SQL that creates the table, for an external
@@ -630,9 +674,11 @@ func retry(ctx context.Context, fn func() error) error {
 // shorter than asked for.
 func us(d time.Duration) int64 { return int64((d + time.Microsecond - 1) / time.Microsecond) }
 
-// Acquire implements [backends.Store]: one statement on MariaDB (INSERT
-// ... ON DUPLICATE KEY UPDATE ... RETURNING), the same upsert and a read
-// of the row in one transaction on MySQL.
+// Acquire implements [backends.Store]. On MariaDB it first sends the
+// insert of a new record ("acquire first"), together with the calls that
+// queued meanwhile (Options.InFlight), and the upsert only for a record
+// the insert leaves to it; on MySQL the insert alone, and for a key with a
+// record the upsert and a read of the row in one transaction.
 func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backends.AcquireResult, error) {
 	if err := storekit.ValidateAcquire(req); err != nil {
 		return backends.AcquireResult{}, err
@@ -655,13 +701,14 @@ func (s *Store) Acquire(ctx context.Context, req backends.AcquireRequest) (backe
 		if flavor != FlavorMariaDB {
 			return s.acquireMySQL(ctx, &p, &row)
 		}
-		first, err := s.stmt(ctx, s.sql.acquireFirst.sql)
-		if err != nil {
+		c := acquireCall{ctx: ctx, p: &p}
+		if err := s.acquires.Do(ctx, &c); err != nil {
 			return err
 		}
-		if err := row.scanFirst(first.QueryRowContext(ctx, s.sql.acquireFirst.args(&p)...)); err != nil {
-			return err
+		if c.err != nil {
+			return c.err
 		}
+		row = c.row
 		if row.settled(req) {
 			return nil
 		}
@@ -744,8 +791,10 @@ func (a *acquired) scan(row *sql.Row) error {
 	return row.Scan(&a.state, &a.owner, &a.token, &a.attempt, &a.how, &a.leaseUs, &a.completedUs, &a.fingerprint, &a.output, &a.nowUs)
 }
 
-func (a *acquired) scanFirst(row *sql.Row) error {
-	return row.Scan(&a.state, &a.owner, &a.token, &a.attempt, &a.how, &a.leaseUs, &a.completedUs, &a.fingerprint, &a.output, &a.nowUs,
+// scanFirst reads a row of "acquire first", whose first column, the
+// key, goes to key.
+func (a *acquired) scanFirst(row scanner, key *[]byte) error {
+	return row.Scan(key, &a.state, &a.owner, &a.token, &a.attempt, &a.how, &a.leaseUs, &a.completedUs, &a.fingerprint, &a.output, &a.nowUs,
 		&a.acquiredUs, &a.live)
 }
 

@@ -58,11 +58,12 @@ live lease, with a fingerprint if the call brings one. Any other row, one
 the upsert would change, sends the upsert. The two columns after those of
 the upsert are when the record's lease was acquired, which for the row
 this statement inserted is its own time, and whether the record still
-counts. */ -}}
+counts. The key comes first: a batch of calls sends one row of values
+each, and reads one row back for each, in the same order. */ -}}
 {{define "acquire first" -}}
 {{template "acquire insert" .}}
 ON DUPLICATE KEY UPDATE `key` = `key`
-RETURNING {{template "acquired columns" .}}, acquired_us, {{.Until}} > {{.Now}}
+RETURNING `key`, {{template "acquired columns" .}}, acquired_us, {{.Until}} > {{.Now}}
 {{- end}}
 
 {{- /* The row the upsert left, read in its transaction on MySQL. */ -}}

@@ -5,24 +5,22 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
 // maxBatch bounds the calls sent in one batch.
 const maxBatch = 64
 
 // batcher sends the store's Acquire, Complete and Release calls to
-// Postgres. A call that finds fewer than max batches in
-// flight is sent at once, alone, as it would be without the batcher: a
-// lone caller waits for nothing. The calls that arrive while max batches
-// fly queue, and the first of them, once a batch has come back, sends
-// all that queued meanwhile as one pgx batch: one round trip and one
-// transaction, so one commit, for all of them.
+// Postgres, through a [storekit.Batcher]: a call that finds fewer than max
+// batches in flight is sent at once, alone, as it would be without the
+// batcher; the calls that queue meanwhile go together as one pgx batch:
+// one round trip and one transaction, so one commit, for all of them.
 //
 // A batch is one transaction: its calls take their rows' locks in key
 // order, so that two batches (of this process or another) never wait for
@@ -31,12 +29,8 @@ const maxBatch = 64
 // rolled back and wrote nothing, and each call is sent again alone, so
 // that one call's error is never another's.
 type batcher struct {
-	pool *pgxpool.Pool
-	max  int
-
-	mu       sync.Mutex
-	inflight int
-	queue    []*call
+	pool  *pgxpool.Pool
+	calls *storekit.Batcher[*call]
 }
 
 // call is one statement: a query of one row scanned into dest, or, with
@@ -50,99 +44,39 @@ type call struct {
 
 	tag pgconn.CommandTag
 	err error
-	// ready receives nil once the call's batch has come back, or the batch
-	// this call is to send, which begins with it.
-	ready chan []*call
 }
 
 func newBatcher(pool *pgxpool.Pool, max int) *batcher {
-	return &batcher{pool: pool, max: max}
+	b := &batcher{pool: pool}
+	b.calls = storekit.NewBatcher(max, maxBatch, b.send)
+	return b
 }
 
 // do sends c, alone or in a batch, and returns its error.
 func (b *batcher) do(c *call) error {
-	b.mu.Lock()
-	if b.inflight < b.max {
-		b.inflight++
-		b.mu.Unlock()
-		b.lead([]*call{c})
-		return c.err
-	}
-	c.ready = make(chan []*call, 1)
-	b.queue = append(b.queue, c)
-	b.mu.Unlock()
-	var batch []*call
-	select {
-	case batch = <-c.ready:
-	case <-c.ctx.Done():
-		b.mu.Lock()
-		if i := slices.Index(b.queue, c); i >= 0 {
-			b.queue = slices.Delete(b.queue, i, i+1)
-			b.mu.Unlock()
-			return c.ctx.Err()
-		}
-		b.mu.Unlock()
-		// Taken already: its batch is on its way, or it is to send one.
-		batch = <-c.ready
-	}
-	if batch != nil {
-		b.lead(batch)
+	if err := b.calls.Do(c.ctx, c); err != nil {
+		return err
 	}
 	return c.err
 }
 
-// lead sends batch, whose first call is the caller's, then hands what
-// queued meanwhile to the first of those calls, or gives its slot back.
-func (b *batcher) lead(batch []*call) {
-	b.send(batch)
-	b.mu.Lock()
-	next := b.queue
-	if len(next) > maxBatch {
-		b.queue = slices.Clone(next[maxBatch:])
-		next = next[:maxBatch]
-	} else {
-		b.queue = nil
-	}
-	if len(next) == 0 {
-		b.inflight--
-	}
-	b.mu.Unlock()
-	for _, c := range batch[1:] {
-		c.ready <- nil
-	}
-	if len(next) > 0 {
-		next[0].ready <- next
-	}
-}
-
-// send runs the calls of batch: alone if it holds one, else as one pgx
+// send runs calls: alone if it holds one, else as one pgx
 // batch, and each again alone if Postgres refused any of them.
-func (b *batcher) send(batch []*call) {
-	if len(batch) == 1 {
-		b.alone(batch[0])
+func (b *batcher) send(calls []*call) {
+	if len(calls) == 1 {
+		b.alone(calls[0])
 		return
 	}
-	sorted := slices.Clone(batch)
+	sorted := slices.Clone(calls)
 	slices.SortStableFunc(sorted, func(x, y *call) int { return bytes.Compare(x.key, y.key) })
 	// The batch runs for its callers together: until the latest of their
 	// deadlines, whichever of them gave up meanwhile.
-	ctx := context.WithoutCancel(batch[0].ctx)
-	var latest time.Time
-	for _, c := range batch {
-		d, ok := c.ctx.Deadline()
-		if !ok {
-			latest = time.Time{}
-			break
-		}
-		if d.After(latest) {
-			latest = d
-		}
+	ctxs := make([]context.Context, len(calls))
+	for i, c := range calls {
+		ctxs[i] = c.ctx
 	}
-	if !latest.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, latest)
-		defer cancel()
-	}
+	ctx, cancel := storekit.BatchContext(ctxs...)
+	defer cancel()
 	var pb pgx.Batch
 	for _, c := range sorted {
 		pb.Queue(c.sql, c.args...)

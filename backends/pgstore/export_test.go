@@ -24,9 +24,7 @@ func Channel(s *Store) string { return s.channel }
 // Queued returns how many calls wait in the store's batcher for a batch
 // to come back.
 func Queued(s *Store) int {
-	s.batcher.mu.Lock()
-	defer s.batcher.mu.Unlock()
-	return len(s.batcher.queue)
+	return s.batcher.calls.Queued()
 }
 
 // AcquireFunction is the quoted, schema-qualified name of the store's

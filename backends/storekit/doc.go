@@ -26,6 +26,13 @@
 // A [backends.Watcher] keeps its watches in a [Wakes] and wakes them by
 // key; [WatchOf] forwards the capability from a store that wraps another.
 //
+// # Batching calls
+//
+// A store whose server charges mostly per round trip or per statement
+// sends the calls that meet in one: a [Batcher] keeps a number of them in
+// flight and sends those that queue meanwhile together, and
+// [BatchContext] is the context such a batch runs with.
+//
 // # Lifecycle
 //
 // [IsNil] tells a constructor it was given a typed nil client (a store's
