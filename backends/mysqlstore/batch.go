@@ -3,10 +3,13 @@ package mysqlstore
 import (
 	"bytes"
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
+	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/storekit"
 )
 
@@ -50,39 +53,45 @@ type acquireCall struct {
 	err error
 }
 
-// sendFirst runs "acquire first" for calls: alone, with its own context,
-// if there is one; else as one statement for those with distinct keys,
-// in key order, so that two batches never wait for each other's rows in a
-// cycle, and then, alone, each call whose key came earlier in the batch,
-// so that it sees that call's row as a call after it would. If the
-// statement fails, or its rows do not come back one per call in order,
-// each call runs again alone, so that one call's error is never
-// another's: a failed statement wrote nothing, and a row it did insert
-// reads again as its owner's own lease, which the upsert gives back to it.
+// sendFirst runs "acquire first" for calls (see send). A failed
+// statement wrote nothing, and a row that a statement whose rows did not
+// come back one per call in order did insert reads again, alone, as its
+// owner's own lease, which the upsert gives back to it.
 func (s *Store) sendFirst(calls []*acquireCall) {
+	send(calls, func(c *acquireCall) []byte { return c.p.key }, s.firstAlone, s.firstTogether)
+}
+
+// send runs a batch of calls: alone, with its own context, if there is
+// one; else together for those with distinct keys, in key order, so that
+// two batches never wait for each other's rows in a cycle, and then,
+// alone, each call whose key came earlier in the batch, so that it sees
+// that call's outcome as a call after it would. If together fails, each
+// of its calls runs again alone, so that one call's error is never
+// another's.
+func send[C any](calls []C, key func(C) []byte, alone func(C), together func([]C) error) {
 	if len(calls) == 1 {
-		s.firstAlone(calls[0])
+		alone(calls[0])
 		return
 	}
 	sorted := slices.Clone(calls)
-	slices.SortStableFunc(sorted, func(x, y *acquireCall) int { return bytes.Compare(x.p.key, y.p.key) })
-	distinct, again := sorted[:0:0], []*acquireCall(nil)
+	slices.SortStableFunc(sorted, func(x, y C) int { return bytes.Compare(key(x), key(y)) })
+	var distinct, again []C
 	for i, c := range sorted {
-		if i > 0 && bytes.Equal(c.p.key, sorted[i-1].p.key) {
+		if i > 0 && bytes.Equal(key(c), key(sorted[i-1])) {
 			again = append(again, c)
 			continue
 		}
 		distinct = append(distinct, c)
 	}
 	if len(distinct) == 1 {
-		s.firstAlone(distinct[0])
-	} else if err := s.firstTogether(distinct); err != nil {
+		alone(distinct[0])
+	} else if err := together(distinct); err != nil {
 		for _, c := range distinct {
-			s.firstAlone(c)
+			alone(c)
 		}
 	}
 	for _, c := range again {
-		s.firstAlone(c)
+		alone(c)
 	}
 }
 
@@ -134,4 +143,66 @@ func (s *Store) firstTogether(calls []*acquireCall) error {
 		return fmt.Errorf("acquire first: more rows back than calls")
 	}
 	return rows.Err()
+}
+
+// maxTogetherOutput bounds the output of a completion sent with others: a
+// larger one goes alone, so that a statement of maxBatch completions
+// stays far below the server's max_allowed_packet.
+const maxTogetherOutput = 64 << 10
+
+// completeCall is one Complete: the error it met, or none.
+type completeCall struct {
+	ctx   context.Context
+	lease backends.Lease
+	p     params // key, owner, token, output
+	err   error
+}
+
+// sendCompletes runs Complete for calls (see send); a failed statement
+// wrote nothing.
+func (s *Store) sendCompletes(calls []*completeCall) {
+	send(calls, func(c *completeCall) []byte { return c.p.key }, s.completeAlone, s.completeTogether)
+}
+
+// completeAlone runs Complete for c alone.
+func (s *Store) completeAlone(c *completeCall) {
+	c.err = s.held(c.ctx, s.db, "complete", s.sql.complete, c.lease, params{output: c.p.output})
+}
+
+// completeTogether runs Complete for calls, of distinct keys, as one
+// statement, until the latest of their deadlines. When it changed a row
+// for each call, each completed; when fewer, each call whose lease did
+// not complete its record ("completed by") lost it. It fails only if the
+// statement did, having written nothing.
+func (s *Store) completeTogether(calls []*completeCall) error {
+	ctxs := make([]context.Context, len(calls))
+	ps := make([]*params, len(calls))
+	for i, c := range calls {
+		ctxs[i], ps[i] = c.ctx, &c.p
+	}
+	ctx, cancel := storekit.BatchContext(ctxs...)
+	defer cancel()
+	together := s.sql.completeTogether[len(calls)]
+	st, err := s.stmt(ctx, together.sql)
+	if err != nil {
+		return err
+	}
+	res, err := st.ExecContext(ctx, together.argsOf(ps)...)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err == nil && n == int64(len(calls)) {
+		return nil
+	}
+	for _, c := range calls {
+		var one int
+		err := s.db.QueryRowContext(c.ctx, s.sql.completedBy.sql, s.sql.completedBy.args(&c.p)...).Scan(&one)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			c.err = backends.ErrLeaseLost
+		case err != nil:
+			c.err = opError("complete", err)
+		}
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package mysqlstore_test
 
 import (
+	"database/sql"
 	"strings"
 	"sync"
 	"testing"
@@ -32,36 +33,14 @@ func TestAcquireCallsQueuedGoInOneStatement(t *testing.T) {
 	released := acquire(t, s, "released", "a", time.Minute)
 	require.NoError(t, s.Release(ctx(t), released.Lease))
 	acquire(t, s, "blocker", "a", time.Minute)
-	executed := func() int64 {
-		t.Helper()
-		var name string
-		var n int64
-		require.NoError(t, db.QueryRowContext(ctx(t), "SHOW SESSION STATUS LIKE 'Com_stmt_execute'").Scan(&name, &n))
-		return n
-	}
-	before := executed()
-
-	// Another connection locks the blocker's row: an Acquire of it holds
-	// the store's one statement in flight, and the calls after it queue.
-	other := openDB(t, 1, nil)
-	tx, err := other.BeginTx(ctx(t), nil)
-	require.NoError(t, err)
-	defer tx.Rollback() //nolint:errcheck // committed below
-	table := s.Options().Table
-	_, err = tx.ExecContext(ctx(t), "SELECT 1 FROM `"+table+"` WHERE `key` = 'blocker' FOR UPDATE")
-	require.NoError(t, err)
+	before := executed(t, db)
 	var wg sync.WaitGroup
-	wg.Go(func() {
+	release := blockOn(t, s, "blocker", "INSERT", func() {
 		res, err := acq("blocker", "b")
 		if assert.NoError(t, err) {
 			assert.Equal(t, backends.StatusInProgress, res.Status)
 		}
-	})
-	require.Eventually(t, func() bool {
-		var n int
-		return tx.QueryRowContext(ctx(t), "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND = 'Execute' AND INFO LIKE ?",
-			"INSERT INTO `"+table+"`%").Scan(&n) == nil && n > 0
-	}, time.Minute, 5*time.Millisecond, "the blocker's Acquire does not wait for its row")
+	}, &wg)
 
 	calls := []struct{ key, owner string }{
 		{"new-1", "b"}, {"new-2", "b"}, {"done", "b"}, {"held", "b"}, {"released", "b"},
@@ -76,7 +55,7 @@ func TestAcquireCallsQueuedGoInOneStatement(t *testing.T) {
 		})
 	}
 	require.Eventually(t, func() bool { return mysqlstore.QueuedAcquires(s) == len(calls) }, time.Minute, time.Millisecond)
-	require.NoError(t, tx.Commit())
+	release()
 	wg.Wait()
 
 	byKey := map[string][]backends.AcquireResult{}
@@ -110,7 +89,7 @@ func TestAcquireCallsQueuedGoInOneStatement(t *testing.T) {
 	// the insert again of the second call of each key that came twice;
 	// and the upserts of the released key and of "mine" again: 6 in all,
 	// where each call alone would have sent 12.
-	assert.Equal(t, int64(6), executed()-before, "statements sent")
+	assert.Equal(t, int64(6), executed(t, db)-before, "statements sent")
 }
 
 // The default InFlight is a quarter of the db's open-connection limit, at
@@ -141,4 +120,104 @@ func TestFirstStatementForMany(t *testing.T) {
 	_, together = mysqlstore.FirstStatements(s, 3)
 	assert.Equal(t, 3*strings.Count(one, "?"), strings.Count(together, "?"))
 	assert.Equal(t, strings.Count(one, "RETURNING"), strings.Count(together, "RETURNING"))
+}
+
+// executed is how many prepared statements db's session has run: db has
+// one connection.
+func executed(t *testing.T, db *sql.DB) int64 {
+	t.Helper()
+	var name string
+	var n int64
+	require.NoError(t, db.QueryRowContext(ctx(t), "SHOW SESSION STATUS LIKE 'Com_stmt_execute'").Scan(&name, &n))
+	return n
+}
+
+// blockOn locks key's record from another connection and runs call, on
+// wg, which sends a statement of s's (verb: INSERT or UPDATE) on that
+// record; it returns once the statement waits for the lock, with a
+// function that lets it go on. Meanwhile the store's one statement in
+// flight (InFlight 1) is that one, and its calls after it queue.
+func blockOn(t *testing.T, s *mysqlstore.Store, key, verb string, call func(), wg *sync.WaitGroup) (release func()) {
+	t.Helper()
+	tx, err := openDB(t, 1, nil).BeginTx(ctx(t), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	table := "`" + s.Options().Table + "`"
+	_, err = tx.ExecContext(ctx(t), "SELECT 1 FROM "+table+" WHERE `key` = ? FOR UPDATE", []byte(key))
+	require.NoError(t, err)
+	wg.Go(call)
+	prefix := map[string]string{"INSERT": "INSERT INTO ", "UPDATE": "UPDATE "}[verb] + table + "%"
+	require.Eventually(t, func() bool {
+		var n int
+		return tx.QueryRowContext(ctx(t), "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND = 'Execute' AND INFO LIKE ?",
+			prefix).Scan(&n) == nil && n > 0
+	}, time.Minute, 5*time.Millisecond, "the %s of %q does not wait for its record", verb, key)
+	return func() { require.NoError(t, tx.Commit()) }
+}
+
+// Completions that queue behind one in flight go to MariaDB as one
+// statement, each with its own output; one whose lease is lost is told
+// so, and the others complete; a key completed twice in one batch (a
+// lease lost and the one that took it) runs again after it.
+func TestCompleteCallsQueuedGoInOneStatement(t *testing.T) {
+	t.Parallel()
+	db := openDB(t, 1, nil)
+	s := newStore(t, db, mysqlstore.Options{Flavor: mysqlstore.FlavorMariaDB, InFlight: 1})
+	leases := map[string]backends.Lease{}
+	for _, key := range []string{"blocker-1", "blocker-2", "k1", "k2", "k3", "k4", "k5", "lost", "twice"} {
+		leases[key] = acquire(t, s, key, "a", time.Minute).Lease
+	}
+	// "twice": its lease ran out and another took it; the old one
+	// completes too.
+	stale := leases["twice"]
+	_, err := db.ExecContext(ctx(t), "UPDATE `"+s.Options().Table+"` SET lease_expires_us = lease_expires_us - 120000000 WHERE `key` = 'twice'")
+	require.NoError(t, err)
+	leases["twice"] = acquire(t, s, "twice", "b", time.Minute).Lease
+	require.Equal(t, stale.Token+1, leases["twice"].Token)
+	lost := leases["lost"]
+	lost.Token++ // a lease "lost" never had
+
+	complete := func(l backends.Lease) error { return s.Complete(ctx(t), l, []byte("out of "+l.Owner)) }
+	run := func(blocker string, calls ...backends.Lease) []error {
+		var wg sync.WaitGroup
+		release := blockOn(t, s, blocker, "UPDATE", func() { assert.NoError(t, complete(leases[blocker])) }, &wg)
+		errs := make([]error, len(calls))
+		for i, l := range calls {
+			wg.Go(func() { errs[i] = complete(l) })
+		}
+		require.Eventually(t, func() bool { return mysqlstore.QueuedCompletes(s) == len(calls) }, time.Minute, time.Millisecond)
+		release()
+		wg.Wait()
+		return errs
+	}
+	completed := func(key, owner string) {
+		t.Helper()
+		rec, err := s.Inspect(ctx(t), key)
+		require.NoError(t, err)
+		assert.Equal(t, backends.StateCompleted, rec.State, key)
+		assert.Equal(t, []byte("out of "+owner), rec.Output, key)
+	}
+
+	before := executed(t, db)
+	errs := run("blocker-1", leases["k1"], leases["k2"], leases["k3"])
+	assert.Equal(t, []error{nil, nil, nil}, errs)
+	// The blocker's statement and the batch's, where each alone sends 4.
+	assert.Equal(t, int64(2), executed(t, db)-before, "statements sent")
+	for _, key := range []string{"k1", "k2", "k3"} {
+		completed(key, "a")
+	}
+
+	errs = run("blocker-2", leases["k4"], lost, stale, leases["k5"], leases["twice"])
+	require.Len(t, errs, 5)
+	assert.NoError(t, errs[0])
+	assert.ErrorIs(t, errs[1], backends.ErrLeaseLost, "a lease the record never had")
+	assert.ErrorIs(t, errs[2], backends.ErrLeaseLost, "a lease another took")
+	assert.NoError(t, errs[3])
+	assert.NoError(t, errs[4], "the lease that took the key, after the stale one in the same batch")
+	completed("k4", "a")
+	completed("k5", "a")
+	completed("twice", "b")
+	rec, err := s.Inspect(ctx(t), "lost")
+	require.NoError(t, err)
+	assert.Equal(t, backends.StateInProgress, rec.State)
 }

@@ -20,7 +20,8 @@
 // expired lease, one past its retention, the owner's own, a fingerprint
 // to adopt). Calls that arrive while Options.InFlight such inserts are
 // out queue, and go as one statement, one row of values each, when one
-// comes back: MariaDB's cost is mostly per statement, not per row. On
+// comes back: MariaDB's cost is mostly per statement, not per row;
+// completions share statements the same way. On
 // MySQL (no RETURNING) a plain insert goes first, which
 // answers a new key alone; for a key with a record the upsert and a read
 // of the row run in one transaction. Renew, Complete and Release are

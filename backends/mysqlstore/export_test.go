@@ -1,6 +1,10 @@
 package mysqlstore
 
-import "context"
+import (
+	"context"
+
+	"github.com/watermill-idempotency/idempotency/backends"
+)
 
 // DetectFlavor returns the dialect s uses, detecting it if needed.
 func DetectFlavor(ctx context.Context, s *Store) (Flavor, error) { return s.detectFlavor(ctx) }
@@ -41,4 +45,19 @@ func DefaultInFlight(maxOpen, procs int) int { return defaultInFlight(maxOpen, p
 // form for n calls together.
 func FirstStatements(s *Store, n int) (one, together string) {
 	return s.sql.acquireFirst.sql, s.sql.firstBatch.sql[n]
+}
+
+// QueuedCompletes returns how many Complete calls wait in the store's
+// batcher for a statement to come back.
+func QueuedCompletes(s *Store) int { return s.completes.Queued() }
+
+// CompleteTogether returns the statement that completes leases together,
+// with nil outputs, and its arguments.
+func CompleteTogether(s *Store, leases []backends.Lease) (query string, args []any) {
+	ps := make([]*params, len(leases))
+	for i, l := range leases {
+		ps[i] = &params{key: []byte(l.Key), owner: []byte(l.Owner), token: l.Token}
+	}
+	st := s.sql.completeTogether[len(leases)]
+	return st.sql, st.argsOf(ps)
 }

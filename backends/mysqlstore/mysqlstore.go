@@ -72,10 +72,11 @@ type Options struct {
 	Table string
 	// Flavor is the server's dialect. Defaults to FlavorDetect.
 	Flavor Flavor
-	// InFlight is, on MariaDB, how many of the store's Acquire statements
-	// may be in flight at once, each for a call alone or for a batch: the
-	// calls that arrive while that many are out queue, and go as one
-	// statement, one row of values each, when one comes back. 0, the
+	// InFlight is, on MariaDB, how many of the store's Acquire statements,
+	// and how many of its Complete statements, may be in flight at once,
+	// each for a call alone or for a batch: the calls that arrive while
+	// that many are out queue, and go as one statement when one comes
+	// back. 0, the
 	// default, is a quarter of the db's open-connection limit when New is
 	// called (sql.DB.SetMaxOpenConns), at most GOMAXPROCS, at least 1; or
 	// GOMAXPROCS if the db sets no limit. It stays 0 in [Store.Options].
@@ -99,7 +100,8 @@ type Store struct {
 
 	prepared sync.Map // SQL → *sql.Stmt: the calls' statements, prepared once
 
-	acquires *storekit.Batcher[*acquireCall] // Acquire's first statement, on MariaDB
+	acquires  *storekit.Batcher[*acquireCall]  // Acquire's first statement, on MariaDB
+	completes *storekit.Batcher[*completeCall] // Complete, on MariaDB
 }
 
 // The state column's codes. They are stored in the table, and rows that
@@ -142,13 +144,27 @@ type sqlData struct {
 	// Add is, for "add columns" only, the columns to add: each a name and
 	// its definition.
 	Add [][2]string
+	// Calls is, for a statement of several calls ("complete together"),
+	// their indexes: {{argAt "name" $i}} binds call $i's value of name.
+	Calls []int
 }
 
 // statement is SQL with ? placeholders and the names of its parameters,
-// in order.
+// in order; for a statement of several calls, the call of each too.
 type statement struct {
 	sql   string
 	names []string
+	calls []int
+}
+
+// argsOf returns the values of st's parameters, each from its call's
+// params in ps.
+func (st statement) argsOf(ps []*params) []any {
+	out := make([]any, len(st.names))
+	for i, n := range st.names {
+		out[i], _ = ps[st.calls[i]].value(n)
+	}
+	return out
 }
 
 // args returns the values of st's parameters in p, in order.
@@ -224,6 +240,8 @@ type statements struct {
 	acquireFirst, acquireInsert         statement
 	acquireRow                          statement
 	firstBatch                          firstBatch
+	completeTogether                    [maxBatch + 1]statement // by the number of calls, from 2
+	completedBy                         statement
 	acquireRead                         statement
 	renew, complete, release, stillHeld statement
 	inspect, list, count                statement
@@ -240,7 +258,8 @@ var sqlFiles embed.FS
 // renderer, which records the parameters' names; this one fails, so that
 // a render outside a renderer cannot go unnoticed.
 var sqlTemplates = template.Must(template.New("").Funcs(template.FuncMap{
-	"arg": func(string) (string, error) { return "", errors.New("arg outside a renderer") },
+	"arg":   func(string) (string, error) { return "", errors.New("arg outside a renderer") },
+	"argAt": func(string, int) (string, error) { return "", errors.New("argAt outside a renderer") },
 }).ParseFS(sqlFiles, "*.sql"))
 
 // renderer renders the SQL templates with one sqlData. It is not safe for
@@ -249,6 +268,7 @@ type renderer struct {
 	t     *template.Template
 	data  sqlData
 	names []string // of the parameters rendered so far
+	calls []int    // and their calls', for argAt
 }
 
 func newRenderer(data sqlData) (*renderer, error) {
@@ -257,24 +277,29 @@ func newRenderer(data sqlData) (*renderer, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.t = t.Funcs(template.FuncMap{"arg": func(name string) (string, error) {
+	argAt := func(name string, call int) (string, error) {
 		if _, ok := (&params{}).value(name); !ok {
 			return "", fmt.Errorf("unknown parameter %q", name)
 		}
 		r.names = append(r.names, name)
+		r.calls = append(r.calls, call)
 		return "?", nil
-	}})
+	}
+	r.t = t.Funcs(template.FuncMap{
+		"arg":   func(name string) (string, error) { return argAt(name, 0) },
+		"argAt": argAt,
+	})
 	return r, nil
 }
 
 // render renders the template name.
 func (r *renderer) render(name string) (statement, error) {
-	r.names = nil
+	r.names, r.calls = nil, nil
 	var b strings.Builder
 	if err := r.t.ExecuteTemplate(&b, name, r.data); err != nil {
 		return statement{}, err
 	}
-	return statement{sql: b.String(), names: r.names}, nil
+	return statement{sql: b.String(), names: r.names, calls: r.calls}, nil
 }
 
 // renderStatements renders every statement a store with data runs but
@@ -305,6 +330,7 @@ func renderStatements(data sqlData) (statements, error) {
 		renew:            get("renew"),
 		complete:         get("complete"),
 		release:          get("release"),
+		completedBy:      get("completed by"),
 		stillHeld:        get("still held"),
 		inspect:          get("inspect"),
 		list:             get("list"),
@@ -322,6 +348,13 @@ func renderStatements(data sqlData) (statements, error) {
 	}
 	if first == nil {
 		st.firstBatch, first = newFirstBatch(st.acquireFirst, st.acquireRow)
+	}
+	for n := 2; n <= maxBatch && first == nil; n++ {
+		r.data.Calls = make([]int, n)
+		for i := range r.data.Calls {
+			r.data.Calls[i] = i
+		}
+		st.completeTogether[n], first = r.render("complete together")
 	}
 	return st, first
 }
@@ -372,6 +405,7 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 		inFlight = defaultInFlight(db.Stats().MaxOpenConnections, runtime.GOMAXPROCS(0))
 	}
 	s.acquires = storekit.NewBatcher(inFlight, maxBatch, s.sendFirst)
+	s.completes = storekit.NewBatcher(inFlight, maxBatch, s.sendCompletes)
 	return s, nil
 }
 
@@ -923,9 +957,24 @@ func (s *Store) Renew(ctx context.Context, lease backends.Lease, ttl time.Durati
 	return s.held(ctx, s.db, "renew", s.sql.renew, lease, params{ttl: us(ttl)})
 }
 
-// Complete implements [backends.Store].
+// Complete implements [backends.Store]. On MariaDB, completions made at
+// the same time share a statement, as Acquire calls do.
 func (s *Store) Complete(ctx context.Context, lease backends.Lease, output []byte) error {
-	return s.held(ctx, s.db, "complete", s.sql.complete, lease, params{output: nilOrBytes(output)})
+	flavor, err := s.detectFlavor(ctx)
+	if err != nil {
+		return err
+	}
+	if flavor != FlavorMariaDB || len(output) > maxTogetherOutput {
+		return s.held(ctx, s.db, "complete", s.sql.complete, lease, params{output: nilOrBytes(output)})
+	}
+	if err := storekit.ValidateLease(lease); err != nil {
+		return err
+	}
+	c := completeCall{ctx: ctx, lease: lease, p: params{key: []byte(lease.Key), owner: []byte(lease.Owner), token: lease.Token, output: nilOrBytes(output)}}
+	if err := s.completes.Do(ctx, &c); err != nil {
+		return opError("complete", err)
+	}
+	return c.err
 }
 
 // CompleteTx completes the lease inside tx, the transaction in which the

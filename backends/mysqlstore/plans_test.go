@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +60,16 @@ func TestPlansAfterEmptyTableAnalyzed(t *testing.T) {
 			require.Contains(t, []string{"const", "range", "eq_ref", "ref"}, plan[0]["type"], "%s, %s: %v", when, name, plan)
 			require.Equal(t, "1", plan[0]["rows"], "%s, %s: %v", when, name, plan)
 		}
+		// Completions sent together: a lookup of each of their rows.
+		leases := []backends.Lease{last, {Key: "plans-7", Owner: "holder", Token: 1}, {Key: "plans-2999x", Owner: "holder", Token: 1}}
+		query, args := mysqlstore.CompleteTogether(store, leases)
+		plan := explain(t, db, query, args)
+		require.Len(t, plan, 1, "%s, complete together: %v", when, plan)
+		require.Equal(t, "PRIMARY", plan[0]["key"], "%s, complete together: %v", when, plan)
+		require.Equal(t, "range", plan[0]["type"], "%s, complete together: %v", when, plan)
+		rows, err := strconv.Atoi(plan[0]["rows"])
+		require.NoError(t, err)
+		require.LessOrEqual(t, rows, len(leases), "%s, complete together: %v", when, plan)
 	}
 }
 

@@ -173,3 +173,22 @@ ALTER TABLE {{.Table}} {{range $i, $c := .Add}}{{if $i}}, {{end}}ADD COLUMN {{in
 {{define "version" -}}
 SELECT VERSION()
 {{- end}}
+
+{{- /* Complete for several calls (.Calls, their indexes), of distinct
+keys, on MariaDB: one statement, one commit. Each record is updated as
+"complete" updates it, with its call's output, only while its call's
+lease holds it; the key list makes it a lookup of those rows by the
+primary key. */ -}}
+{{define "complete together" -}}
+UPDATE {{.Table}} SET state = {{.State.Completed}}, completed_us = {{.Now}},
+    output = CASE `key`{{range $i := .Calls}} WHEN {{argAt "key" $i}} THEN {{argAt "output" $i}}{{end}} END,
+    forget_us = GREATEST(forget_us, {{.Now}} + retention_us)
+WHERE `key` IN ({{range $i := .Calls}}{{if $i}}, {{end}}{{argAt "key" $i}}{{end}}) AND state = {{.State.InProgress}} AND forget_us > {{.Now}}
+    AND CASE `key`{{range $i := .Calls}} WHEN {{argAt "key" $i}} THEN owner = {{argAt "owner" $i}} AND token = {{argAt "token" $i}}{{end}} END
+{{- end}}
+
+{{- /* Whether a lease completed its record: after a statement of
+several completions that changed fewer rows than it had calls. */ -}}
+{{define "completed by" -}}
+SELECT 1 FROM {{.Table}} WHERE `key` = {{arg "key"}} AND owner = {{arg "owner"}} AND token = {{arg "token"}} AND state = {{.State.Completed}}
+{{- end}}
