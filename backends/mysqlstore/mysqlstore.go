@@ -76,10 +76,10 @@ type Options struct {
 	// and how many of its Complete statements, may be in flight at once,
 	// each for a call alone or for a batch: the calls that arrive while
 	// that many are out queue, and go as one statement when one comes
-	// back. 0, the
-	// default, is a quarter of the db's open-connection limit when New is
-	// called (sql.DB.SetMaxOpenConns), at most GOMAXPROCS, at least 1; or
-	// GOMAXPROCS if the db sets no limit. It stays 0 in [Store.Options].
+	// back. 0, the default, is a quarter of the db's open-connection limit
+	// when New is called (sql.DB.SetMaxOpenConns), at most GOMAXPROCS, at
+	// least 1; or GOMAXPROCS if the db sets no limit. It stays 0 in
+	// [Store.Options].
 	// MariaDB spends most of a statement's cost on the statement itself,
 	// not its rows, so a batch costs it a fraction per call (docs/mysql.md,
 	// "Calls sent together"). MySQL, without RETURNING, runs each call
