@@ -36,14 +36,11 @@ statement's first 1,024 characters in INNODB_TRX. */ -}}
 INSERT INTO {{.Table}}
     (`key`, state, owner, origin, token, attempt, how, acquired_us, lease_expires_us, retention_us, forget_us, completed_us, fingerprint)
 VALUES
-    {{template "acquire row" .}}
+{{- /* A new record's values, a row for each call (.Calls: one, but in
+"acquire first" for a batch of Acquire calls on MariaDB). */ -}}
+{{range $i := .Calls}}{{if $i}},{{end}}
+    ({{argAt "key" $i}}, {{$.State.InProgress}}, {{argAt "owner" $i}}, {{argAt "origin" $i}}, 1, 1, {{$.How.Fresh}}, {{$.Now}}, {{$.Now}} + {{argAt "ttl" $i}}, {{argAt "ret" $i}}, {{$.Now}} + {{argAt "ttl" $i}} + {{argAt "ret" $i}}, 0, {{argAt "fp" $i}})
 {{- end}}
-
-{{- /* The values of a new record, in the columns of "acquire insert". A
-batch of Acquire calls on MariaDB sends "acquire first" with one such row
-per call. */ -}}
-{{define "acquire row" -}}
-({{arg "key"}}, {{.State.InProgress}}, {{arg "owner"}}, {{arg "origin"}}, 1, 1, {{.How.Fresh}}, {{.Now}}, {{.Now}} + {{arg "ttl"}}, {{arg "ret"}}, {{.Now}} + {{arg "ttl"}} + {{arg "ret"}}, 0, {{arg "fp"}})
 {{- end}}
 
 {{define "acquire" -}}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/watermill-idempotency/idempotency/backends"
 	"github.com/watermill-idempotency/idempotency/backends/storekit"
@@ -17,32 +16,6 @@ import (
 // per call falls from about 170 µs of CPU alone to about 55 in a
 // statement of four and 25 in one of sixteen (docs/benchmarks.md).
 const maxBatch = 16
-
-// firstBatch is "acquire first" for batches of calls: its SQL for n of
-// them, one row of values each ("acquire row"), and the parameters of one
-// row.
-type firstBatch struct {
-	sql   [maxBatch + 1]string // by the number of calls; sql[0] is unused
-	names []string
-}
-
-// newFirstBatch makes the firstBatch of first, whose only parameters are
-// those of its one row of values, row.
-func newFirstBatch(first, row statement) (firstBatch, error) {
-	head, tail, ok := strings.Cut(first.sql, row.sql)
-	if !ok || strings.Contains(tail, row.sql) || !slices.Equal(first.names, row.names) {
-		return firstBatch{}, fmt.Errorf("acquire first: not one row of values and no other parameters")
-	}
-	fb := firstBatch{names: row.names}
-	for n := 1; n <= maxBatch; n++ {
-		rows := make([]string, n)
-		for i := range rows {
-			rows[i] = row.sql
-		}
-		fb.sql[n] = head + strings.Join(rows, ",\n    ") + tail
-	}
-	return fb, nil
-}
 
 // acquireCall is one Acquire's first statement: the row it left, or the
 // error it met.
@@ -97,13 +70,14 @@ func send[C any](calls []C, key func(C) []byte, alone func(C), together func([]C
 
 // firstAlone runs "acquire first" for c alone.
 func (s *Store) firstAlone(c *acquireCall) {
-	st, err := s.stmt(c.ctx, s.sql.firstBatch.sql[1])
+	first := s.sql.acquireFirst[1]
+	st, err := s.stmt(c.ctx, first.sql)
 	if err != nil {
 		c.err = err
 		return
 	}
 	var key []byte
-	c.err = c.row.scanFirst(st.QueryRowContext(c.ctx, s.sql.acquireFirst.args(c.p)...), &key)
+	c.err = c.row.scanFirst(st.QueryRowContext(c.ctx, first.args(c.p)...), &key)
 }
 
 // firstTogether runs "acquire first" for calls, of distinct keys, as one
@@ -111,18 +85,18 @@ func (s *Store) firstAlone(c *acquireCall) {
 // its row; it fails if a row does not come back, in order.
 func (s *Store) firstTogether(calls []*acquireCall) error {
 	ctxs := make([]context.Context, len(calls))
-	args := make([]any, 0, len(calls)*len(s.sql.firstBatch.names))
+	ps := make([]*params, len(calls))
 	for i, c := range calls {
-		ctxs[i] = c.ctx
-		args = append(args, s.sql.acquireFirst.args(c.p)...)
+		ctxs[i], ps[i] = c.ctx, c.p
 	}
 	ctx, cancel := storekit.BatchContext(ctxs...)
 	defer cancel()
-	st, err := s.stmt(ctx, s.sql.firstBatch.sql[len(calls)])
+	first := s.sql.acquireFirst[len(calls)]
+	st, err := s.stmt(ctx, first.sql)
 	if err != nil {
 		return err
 	}
-	rows, err := st.QueryContext(ctx, args...)
+	rows, err := st.QueryContext(ctx, first.argsOf(ps)...)
 	if err != nil {
 		return err
 	}

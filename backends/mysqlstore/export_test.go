@@ -44,7 +44,7 @@ func DefaultInFlight(maxOpen, procs int) int { return defaultInFlight(maxOpen, p
 // FirstStatements returns the store's "acquire first" statement and its
 // form for n calls together.
 func FirstStatements(s *Store, n int) (one, together string) {
-	return s.sql.acquireFirst.sql, s.sql.firstBatch.sql[n]
+	return s.sql.acquireFirst[1].sql, s.sql.acquireFirst[n].sql
 }
 
 // QueuedCompletes returns how many Complete calls wait in the store's

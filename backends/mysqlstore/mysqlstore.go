@@ -144,8 +144,10 @@ type sqlData struct {
 	// Add is, for "add columns" only, the columns to add: each a name and
 	// its definition.
 	Add [][2]string
-	// Calls is, for a statement of several calls ("complete together"),
-	// their indexes: {{argAt "name" $i}} binds call $i's value of name.
+	// Calls are the indexes of a statement's calls: {{argAt "name" $i}}
+	// binds call $i's value of name. A statement of one call has {0};
+	// "acquire first" and "complete together" are rendered for each
+	// number of calls in a batch.
 	Calls []int
 }
 
@@ -237,9 +239,8 @@ func (p *params) value(name string) (any, bool) {
 type statements struct {
 	schema                              statement
 	acquire, acquireReturning           statement
-	acquireFirst, acquireInsert         statement
-	acquireRow                          statement
-	firstBatch                          firstBatch
+	acquireInsert                       statement
+	acquireFirst                        [maxBatch + 1]statement // by the number of calls, from 1
 	completeTogether                    [maxBatch + 1]statement // by the number of calls, from 2
 	completedBy                         statement
 	acquireRead                         statement
@@ -318,14 +319,13 @@ func renderStatements(data sqlData) (statements, error) {
 		return st
 	}
 	r.data.Now = get("now").sql
+	r.data.Calls = []int{0}
 	r.data.Until = get("until").sql
 	st := statements{
 		schema:           get("schema.sql"),
 		acquire:          get("acquire"),
 		acquireReturning: get("acquire returning"),
-		acquireFirst:     get("acquire first"),
 		acquireInsert:    get("acquire insert"),
-		acquireRow:       get("acquire row"),
 		acquireRead:      get("acquire read"),
 		renew:            get("renew"),
 		complete:         get("complete"),
@@ -346,15 +346,15 @@ func renderStatements(data sqlData) (statements, error) {
 		defaultLockWait:  get("default lock wait"),
 		version:          get("version"),
 	}
-	if first == nil {
-		st.firstBatch, first = newFirstBatch(st.acquireFirst, st.acquireRow)
-	}
-	for n := 2; n <= maxBatch && first == nil; n++ {
+	for n := 1; n <= maxBatch && first == nil; n++ {
 		r.data.Calls = make([]int, n)
 		for i := range r.data.Calls {
 			r.data.Calls[i] = i
 		}
-		st.completeTogether[n], first = r.render("complete together")
+		st.acquireFirst[n], first = r.render("acquire first")
+		if n > 1 && first == nil {
+			st.completeTogether[n], first = r.render("complete together")
+		}
 	}
 	return st, first
 }
