@@ -3,14 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
+	"errors"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	idempotency "github.com/watermill-idempotency/idempotency/middleware"
 )
@@ -188,5 +193,81 @@ func TestWorkload(t *testing.T) {
 				t.Fatalf("%+v: a copy of key %d after original %d, want within %d of it", c, k, last, c.spread)
 			}
 		}
+	}
+}
+
+// TestPeersCheckTheirOwner runs each peer with an owner check on a
+// message whose claim another delivery takes while the handler runs: the
+// peer must fail the message, and leave the other's claim as it was.
+func TestPeersCheckTheirOwner(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	cfg.runID = "owner" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	e := &env{cfg: cfg, redis: redis.NewClient(&redis.Options{Addr: cfg.redisAddr})}
+	t.Cleanup(func() {
+		e.deleteKeys(e.name("*"))
+		_ = e.redis.Close()
+	})
+	pool, err := pgxpool.New(ctx, cfg.pgURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	db, err := sql.Open("mysql", cfg.mysqlDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	// take gives key's claim another token; token reads it.
+	for _, c := range []struct {
+		variant     string
+		take, token func(id, key string) (string, error)
+	}{
+		{"redis-cas",
+			func(id, key string) (string, error) {
+				return "", e.redis.Set(ctx, e.name(id, "cas")+":"+key, "another", time.Minute).Err()
+			},
+			func(id, key string) (string, error) { return e.redis.Get(ctx, e.name(id, "cas")+":"+key).Result() }},
+		{"pg-cas",
+			func(id, key string) (string, error) {
+				_, err := pool.Exec(ctx, "UPDATE "+sqlName(e.name(id, "claims"))+" SET token = 'another' WHERE key = $1", key)
+				return "", err
+			},
+			func(id, key string) (tok string, err error) {
+				err = pool.QueryRow(ctx, "SELECT CASE WHEN done THEN 'done' ELSE token END FROM "+sqlName(e.name(id, "claims"))+" WHERE key = $1", key).Scan(&tok)
+				return tok, err
+			}},
+		{"mysql-cas",
+			func(id, key string) (string, error) {
+				_, err := db.ExecContext(ctx, "UPDATE `"+sqlName(e.name(id, "claims"))+"` SET token = 'another' WHERE `key` = ?", key)
+				return "", err
+			},
+			func(id, key string) (tok string, err error) {
+				err = db.QueryRowContext(ctx, "SELECT IF(done, 'done', token) FROM `"+sqlName(e.name(id, "claims"))+"` WHERE `key` = ?", key).Scan(&tok)
+				return tok, err
+			}},
+	} {
+		t.Run(c.variant, func(t *testing.T) {
+			v, ok := lookupVariant(c.variant)
+			if !ok {
+				t.Fatalf("no variant %s", c.variant)
+			}
+			mw, undo, err := v.setup(ctx, e, c.variant, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer undo()
+			h := mw(func(msg *message.Message) ([]*message.Message, error) {
+				_, err := c.take(c.variant, msg.UUID)
+				return nil, err
+			})
+			msg := message.NewMessage("k1", nil)
+			if _, err := h(msg); !errors.Is(err, errClaimLost) {
+				t.Errorf("a delivery whose claim was taken: got %v, want %v", err, errClaimLost)
+			}
+			if tok, err := c.token(c.variant, msg.UUID); err != nil || tok != "another" {
+				t.Errorf("the claim that took the key: %q, %v; want it left as it was", tok, err)
+			}
+		})
 	}
 }

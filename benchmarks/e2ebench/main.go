@@ -19,10 +19,15 @@
 //	                redisstore with the middleware's completed-key cache
 //	pg-insert       a hand-written lease on Postgres: INSERT ON CONFLICT DO
 //	                NOTHING before the handler, UPDATE after (peers.go)
+//	pg-cas          the same with an owner check: the claim's own token,
+//	                which the UPDATE must find, and an index on the
+//	                claims' expiry, for their cleanup (peers.go)
 //	pgstore         this middleware on Postgres
 //	pgstore-cache   the same with the completed-key cache
 //	mysql-insert    a hand-written lease on MariaDB or MySQL: INSERT IGNORE
 //	                before the handler, UPDATE after, prepared (peers.go)
+//	mysql-cas       the same with an owner check and an index on the
+//	                claims' expiry, as pg-cas (peers.go)
 //	mysqlstore      this middleware on MariaDB or MySQL
 //	mysqlstore-cache
 //	                the same with the completed-key cache

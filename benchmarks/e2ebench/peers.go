@@ -77,14 +77,16 @@ func (p peer) middleware(h message.HandlerFunc) message.HandlerFunc {
 }
 
 // claimByInsert is a claim through insert, which reports whether it
-// inserted the key's row: if it did not, the key's state says whether it
-// was done or is claimed, and a claim released meanwhile is tried again.
-func (p peer) claimByInsert(insert func(ctx context.Context, key string) (bool, error)) func(ctx context.Context, key string) (token string, done, busy bool, err error) {
+// inserted the key's row with the claim's token, from newToken: if it did
+// not, the key's state says whether it was done or is claimed, and a
+// claim released meanwhile is tried again.
+func (p peer) claimByInsert(newToken func() string, insert func(ctx context.Context, key, token string) (bool, error)) func(ctx context.Context, key string) (token string, done, busy bool, err error) {
 	var claim func(ctx context.Context, key string) (string, bool, bool, error)
 	claim = func(ctx context.Context, key string) (string, bool, bool, error) {
-		inserted, err := insert(ctx, key)
+		token := newToken()
+		inserted, err := insert(ctx, key, token)
 		if err != nil || inserted {
-			return "", false, false, err
+			return token, false, false, err
 		}
 		done, gone, err := p.state(ctx, key)
 		if err == nil && gone {
@@ -93,6 +95,21 @@ func (p peer) claimByInsert(insert func(ctx context.Context, key string) (bool, 
 		return "", done, !done, err
 	}
 	return claim
+}
+
+// noToken is the token of a claim without an owner check.
+func noToken() string { return "" }
+
+// newCasToken is the token of a claim with an owner check: its own.
+func newCasToken() string { return "t" + strconv.FormatUint(casTokens.Add(1), 10) }
+
+// finished is a peer's finish that changed affected rows: none means the
+// key holds another claim's token.
+func finished(affected int64, err error) error {
+	if err == nil && affected == 0 {
+		return errClaimLost
+	}
+	return err
 }
 
 // setupSetnx is the peer on Redis: SET NX PX GET to claim, SET PX to mark
@@ -134,7 +151,7 @@ var casTokens atomic.Uint64
 // is no fencing token: it does not grow, and no sink sees it.
 func setupCas(_ context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
 	return setupRedisPeer(e, id, "cas",
-		func() string { return "t" + strconv.FormatUint(casTokens.Add(1), 10) },
+		newCasToken,
 		func(ctx context.Context, client *redis.Client, key, token string) error {
 			err := casFinish.Run(ctx, client, []string{key}, token, peerRetention.Milliseconds()).Err()
 			if errors.Is(err, redis.Nil) { // the script's false: another holds the key
@@ -190,120 +207,158 @@ func setupRedisPeer(e *env, id, name string, newToken func() string,
 // setupInsert is the peer on Postgres: INSERT ON CONFLICT DO NOTHING to
 // claim (and a SELECT when the key was there), UPDATE to mark done, on a
 // pool of its own as pgstore has and a table like its own, keyed by text.
-func setupInsert(ctx context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
-	pool, err := e.pgPool(ctx, "pg-insert")
-	if err != nil {
-		return nil, nil, err
+// With cas, the peer with an owner check (pg-cas): each claim inserts a
+// token of its own, which its UPDATE and DELETE must find, and the table
+// has an index on its expiry, which a cleanup of expired claims needs
+// (Redis keeps one for every key with a TTL).
+func setupInsert(cas bool) func(ctx context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+	return func(ctx context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+		pool, err := e.pgPool(ctx, map[bool]string{false: "pg-insert", true: "pg-cas"}[cas])
+		if err != nil {
+			return nil, nil, err
+		}
+		table := sqlName(e.name(id, "claims"))
+		undo := func() {
+			_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table)
+			pool.Close()
+		}
+		schema := "CREATE TABLE " + table + " (key text PRIMARY KEY, done boolean NOT NULL DEFAULT false, expires_at timestamptz NOT NULL)"
+		if cas {
+			schema = "CREATE TABLE " + table + " (key text PRIMARY KEY, done boolean NOT NULL DEFAULT false, expires_at timestamptz NOT NULL, token text NOT NULL);" +
+				" CREATE INDEX ON " + table + " (expires_at)"
+		}
+		if _, err := pool.Exec(ctx, schema); err != nil {
+			undo()
+			return nil, nil, err
+		}
+		if err := warmPool(ctx, pool, e.poolSize()); err != nil {
+			undo()
+			return nil, nil, err
+		}
+		claim := fmt.Sprintf("INSERT INTO %s (key, expires_at) VALUES ($1, now() + $2::interval) ON CONFLICT (key) DO NOTHING", table)
+		state := fmt.Sprintf("SELECT done FROM %s WHERE key = $1", table)
+		finish := fmt.Sprintf("UPDATE %s SET done = true, expires_at = now() + $2::interval WHERE key = $1", table)
+		release := fmt.Sprintf("DELETE FROM %s WHERE key = $1 AND NOT done", table)
+		newToken, withToken := noToken, func(args []any, _ string) []any { return args }
+		if cas {
+			claim = fmt.Sprintf("INSERT INTO %s (key, expires_at, token) VALUES ($1, now() + $2::interval, $3) ON CONFLICT (key) DO NOTHING", table)
+			finish += " AND token = $3"
+			release += " AND token = $2"
+			newToken, withToken = newCasToken, func(args []any, token string) []any { return append(args, token) }
+		}
+		p := peer{
+			state: func(ctx context.Context, key string) (bool, bool, error) {
+				var done bool
+				err := pool.QueryRow(ctx, state, key).Scan(&done)
+				if errors.Is(err, pgx.ErrNoRows) {
+					return false, true, nil
+				}
+				return done, false, err
+			},
+			finish: func(ctx context.Context, key, token string) error {
+				tag, err := pool.Exec(ctx, finish, withToken([]any{key, peerRetention}, token)...)
+				return finished(tag.RowsAffected(), err)
+			},
+			release: func(ctx context.Context, key, token string) error {
+				_, err := pool.Exec(ctx, release, withToken([]any{key}, token)...)
+				return err
+			},
+		}
+		p.claim = p.claimByInsert(newToken, func(ctx context.Context, key, token string) (bool, error) {
+			tag, err := pool.Exec(ctx, claim, withToken([]any{key, peerLease}, token)...)
+			return tag.RowsAffected() == 1, err
+		})
+		return p.middleware, undo, nil
 	}
-	table := sqlName(e.name(id, "claims"))
-	undo := func() {
-		_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table)
-		pool.Close()
-	}
-	if _, err := pool.Exec(ctx, "CREATE TABLE "+table+" (key text PRIMARY KEY, done boolean NOT NULL DEFAULT false, expires_at timestamptz NOT NULL)"); err != nil {
-		undo()
-		return nil, nil, err
-	}
-	if err := warmPool(ctx, pool, e.poolSize()); err != nil {
-		undo()
-		return nil, nil, err
-	}
-	claim := fmt.Sprintf("INSERT INTO %s (key, expires_at) VALUES ($1, now() + $2::interval) ON CONFLICT (key) DO NOTHING", table)
-	state := fmt.Sprintf("SELECT done FROM %s WHERE key = $1", table)
-	finish := fmt.Sprintf("UPDATE %s SET done = true, expires_at = now() + $2::interval WHERE key = $1", table)
-	release := fmt.Sprintf("DELETE FROM %s WHERE key = $1 AND NOT done", table)
-	p := peer{
-		state: func(ctx context.Context, key string) (bool, bool, error) {
-			var done bool
-			err := pool.QueryRow(ctx, state, key).Scan(&done)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return false, true, nil
-			}
-			return done, false, err
-		},
-		finish: func(ctx context.Context, key, _ string) error {
-			_, err := pool.Exec(ctx, finish, key, peerRetention)
-			return err
-		},
-		release: func(ctx context.Context, key, _ string) error {
-			_, err := pool.Exec(ctx, release, key)
-			return err
-		},
-	}
-	p.claim = p.claimByInsert(func(ctx context.Context, key string) (bool, error) {
-		tag, err := pool.Exec(ctx, claim, key, peerLease)
-		return tag.RowsAffected() == 1, err
-	})
-	return p.middleware, undo, nil
 }
 
 // setupMysqlInsert is the peer on MariaDB or MySQL: INSERT IGNORE to claim
 // (and a SELECT when the key was there), UPDATE to mark done, each
 // statement prepared once, on a *sql.DB of its own as mysqlstore has and
-// a table keyed by the message UUID.
-func setupMysqlInsert(ctx context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
-	db, err := e.mysqlDB("mysql-insert")
-	if err != nil {
-		return nil, nil, err
-	}
-	table := "`" + sqlName(e.name(id, "claims")) + "`"
-	var stmts []*sql.Stmt
-	undo := func() {
-		for _, st := range stmts {
-			_ = st.Close()
-		}
-		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table)
-		db.Close()
-	}
-	if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (`key` VARBINARY(255) PRIMARY KEY, done BOOLEAN NOT NULL DEFAULT FALSE, expires_at DATETIME(6) NOT NULL)"); err != nil {
-		undo()
-		return nil, nil, err
-	}
-	prepare := func(q string) *sql.Stmt {
-		st, perr := db.PrepareContext(ctx, q)
-		if perr != nil {
-			err = errors.Join(err, perr)
-			return nil
-		}
-		stmts = append(stmts, st)
-		return st
-	}
-	claim := prepare("INSERT IGNORE INTO " + table + " (`key`, expires_at) VALUES (?, NOW(6) + INTERVAL ? MICROSECOND)")
-	state := prepare("SELECT done FROM " + table + " WHERE `key` = ?")
-	finish := prepare("UPDATE " + table + " SET done = TRUE, expires_at = NOW(6) + INTERVAL ? MICROSECOND WHERE `key` = ?")
-	release := prepare("DELETE FROM " + table + " WHERE `key` = ? AND NOT done")
-	if err == nil {
-		err = warmDB(ctx, db, e.poolSize())
-	}
-	if err != nil {
-		undo()
-		return nil, nil, err
-	}
-	p := peer{
-		state: func(ctx context.Context, key string) (bool, bool, error) {
-			var done bool
-			err := state.QueryRowContext(ctx, key).Scan(&done)
-			if errors.Is(err, sql.ErrNoRows) {
-				return false, true, nil
-			}
-			return done, false, err
-		},
-		finish: func(ctx context.Context, key, _ string) error {
-			_, err := finish.ExecContext(ctx, peerRetention.Microseconds(), key)
-			return err
-		},
-		release: func(ctx context.Context, key, _ string) error {
-			_, err := release.ExecContext(ctx, key)
-			return err
-		},
-	}
-	p.claim = p.claimByInsert(func(ctx context.Context, key string) (bool, error) {
-		res, err := claim.ExecContext(ctx, key, peerLease.Microseconds())
+// a table keyed by the message UUID. With cas, the peer with an owner
+// check (mysql-cas), as setupInsert's.
+func setupMysqlInsert(cas bool) func(ctx context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+	return func(ctx context.Context, e *env, id string, _ idempotency.Observer) (message.HandlerMiddleware, func(), error) {
+		db, err := e.mysqlDB(map[bool]string{false: "mysql-insert", true: "mysql-cas"}[cas])
 		if err != nil {
-			return false, err
+			return nil, nil, err
 		}
-		n, err := res.RowsAffected()
-		return n == 1, err
-	})
-	return p.middleware, undo, nil
+		table := "`" + sqlName(e.name(id, "claims")) + "`"
+		var stmts []*sql.Stmt
+		undo := func() {
+			for _, st := range stmts {
+				_ = st.Close()
+			}
+			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table)
+			db.Close()
+		}
+		schema := "CREATE TABLE " + table + " (`key` VARBINARY(255) PRIMARY KEY, done BOOLEAN NOT NULL DEFAULT FALSE, expires_at DATETIME(6) NOT NULL"
+		if cas {
+			schema += ", token VARBINARY(32) NOT NULL, INDEX (expires_at)"
+		}
+		if _, err := db.ExecContext(ctx, schema+")"); err != nil {
+			undo()
+			return nil, nil, err
+		}
+		prepare := func(q string) *sql.Stmt {
+			st, perr := db.PrepareContext(ctx, q)
+			if perr != nil {
+				err = errors.Join(err, perr)
+				return nil
+			}
+			stmts = append(stmts, st)
+			return st
+		}
+		claimSQL := "INSERT IGNORE INTO " + table + " (`key`, expires_at) VALUES (?, NOW(6) + INTERVAL ? MICROSECOND)"
+		finishSQL := "UPDATE " + table + " SET done = TRUE, expires_at = NOW(6) + INTERVAL ? MICROSECOND WHERE `key` = ?"
+		releaseSQL := "DELETE FROM " + table + " WHERE `key` = ? AND NOT done"
+		newToken, withToken := noToken, func(args []any, _ string) []any { return args }
+		if cas {
+			claimSQL = "INSERT IGNORE INTO " + table + " (`key`, expires_at, token) VALUES (?, NOW(6) + INTERVAL ? MICROSECOND, ?)"
+			finishSQL += " AND token = ?"
+			releaseSQL += " AND token = ?"
+			newToken, withToken = newCasToken, func(args []any, token string) []any { return append(args, token) }
+		}
+		claim := prepare(claimSQL)
+		state := prepare("SELECT done FROM " + table + " WHERE `key` = ?")
+		finish := prepare(finishSQL)
+		release := prepare(releaseSQL)
+		if err == nil {
+			err = warmDB(ctx, db, e.poolSize())
+		}
+		if err != nil {
+			undo()
+			return nil, nil, err
+		}
+		p := peer{
+			state: func(ctx context.Context, key string) (bool, bool, error) {
+				var done bool
+				err := state.QueryRowContext(ctx, key).Scan(&done)
+				if errors.Is(err, sql.ErrNoRows) {
+					return false, true, nil
+				}
+				return done, false, err
+			},
+			finish: func(ctx context.Context, key, token string) error {
+				res, err := finish.ExecContext(ctx, withToken([]any{peerRetention.Microseconds(), key}, token)...)
+				if err != nil {
+					return err
+				}
+				return finished(res.RowsAffected())
+			},
+			release: func(ctx context.Context, key, token string) error {
+				_, err := release.ExecContext(ctx, withToken([]any{key}, token)...)
+				return err
+			},
+		}
+		p.claim = p.claimByInsert(newToken, func(ctx context.Context, key, token string) (bool, error) {
+			res, err := claim.ExecContext(ctx, withToken([]any{key, peerLease.Microseconds()}, token)...)
+			if err != nil {
+				return false, err
+			}
+			n, err := res.RowsAffected()
+			return n == 1, err
+		})
+		return p.middleware, undo, nil
+	}
 }
