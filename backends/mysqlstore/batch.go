@@ -68,6 +68,20 @@ func send[C any](calls []C, key func(C) []byte, alone func(C), together func([]C
 	}
 }
 
+// together returns what st, rendered for len(calls) calls, runs with
+// for calls together: the context, until the latest of their deadlines
+// (cancel it after), and the arguments, each call's from its params (of
+// returns a call's context and params).
+func together[C any](st statement, calls []C, of func(C) (context.Context, *params)) (context.Context, context.CancelFunc, []any) {
+	ctxs := make([]context.Context, len(calls))
+	ps := make([]*params, len(calls))
+	for i, c := range calls {
+		ctxs[i], ps[i] = of(c)
+	}
+	ctx, cancel := storekit.BatchContext(ctxs...)
+	return ctx, cancel, st.argsOf(ps)
+}
+
 // firstAlone runs "acquire first" for c alone.
 func (s *Store) firstAlone(c *acquireCall) {
 	first := s.sql.acquireFirst[1]
@@ -84,19 +98,14 @@ func (s *Store) firstAlone(c *acquireCall) {
 // statement, until the latest of their deadlines, and leaves each call
 // its row; it fails if a row does not come back, in order.
 func (s *Store) firstTogether(calls []*acquireCall) error {
-	ctxs := make([]context.Context, len(calls))
-	ps := make([]*params, len(calls))
-	for i, c := range calls {
-		ctxs[i], ps[i] = c.ctx, c.p
-	}
-	ctx, cancel := storekit.BatchContext(ctxs...)
-	defer cancel()
 	first := s.sql.acquireFirst[len(calls)]
+	ctx, cancel, args := together(first, calls, func(c *acquireCall) (context.Context, *params) { return c.ctx, c.p })
+	defer cancel()
 	st, err := s.stmt(ctx, first.sql)
 	if err != nil {
 		return err
 	}
-	rows, err := st.QueryContext(ctx, first.argsOf(ps)...)
+	rows, err := st.QueryContext(ctx, args...)
 	if err != nil {
 		return err
 	}
@@ -149,19 +158,14 @@ func (s *Store) completeAlone(c *completeCall) {
 // not complete its record ("completed by") lost it. It fails only if the
 // statement did, having written nothing.
 func (s *Store) completeTogether(calls []*completeCall) error {
-	ctxs := make([]context.Context, len(calls))
-	ps := make([]*params, len(calls))
-	for i, c := range calls {
-		ctxs[i], ps[i] = c.ctx, &c.p
-	}
-	ctx, cancel := storekit.BatchContext(ctxs...)
+	complete := s.sql.completeTogether[len(calls)]
+	ctx, cancel, args := together(complete, calls, func(c *completeCall) (context.Context, *params) { return c.ctx, &c.p })
 	defer cancel()
-	together := s.sql.completeTogether[len(calls)]
-	st, err := s.stmt(ctx, together.sql)
+	st, err := s.stmt(ctx, complete.sql)
 	if err != nil {
 		return err
 	}
-	res, err := st.ExecContext(ctx, together.argsOf(ps)...)
+	res, err := st.ExecContext(ctx, args...)
 	if err != nil {
 		return err
 	}
